@@ -1,0 +1,74 @@
+// Moving a contiguous byte range to a peer and raising its signal: direct load/store over NVLink when the peer's
+// memory is mapped (nvshmem_ptr != null and the caller allows it), NVSHMEM put-with-signal otherwise (the path
+// that crosses nodes; `direct = false` forces it on one node so that path can be tested anywhere).
+#pragma once
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include <cstdint>
+#include "flux_shmem/signal.cuh"
+
+namespace fs {
+
+// All threads of the block copy nbytes. 16-byte vectors when both pointers and the size allow it.
+__device__ __forceinline__ void block_copy(void* dst, const void* src, size_t nbytes) {
+  const bool vec = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | nbytes) & 15u) == 0;
+  if (vec) {
+    const size_t n = nbytes / 16;
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    size_t i = threadIdx.x;
+    // Four loads in flight per thread before the first store.
+    for (; i + 3 * blockDim.x < n; i += 4 * blockDim.x) {
+      uint4 a = s[i], b = s[i + blockDim.x], c = s[i + 2 * blockDim.x], e = s[i + 3 * blockDim.x];
+      d[i] = a; d[i + blockDim.x] = b; d[i + 2 * blockDim.x] = c; d[i + 3 * blockDim.x] = e;
+    }
+    for (; i < n; i += blockDim.x) d[i] = s[i];
+  } else {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    for (size_t i = threadIdx.x; i < nbytes; i += blockDim.x) d[i] = s[i];
+  }
+}
+
+// One thread: set a peer's signal word (symmetric address) to v with release semantics.
+__device__ __forceinline__ void signal_set(uint64_t* sig, uint64_t v, int pe, bool direct) {
+  if (direct) {
+    uint64_t* p = static_cast<uint64_t*>(nvshmem_ptr(sig, pe));
+    if (p != nullptr) {
+      __threadfence_system();
+      st_release_sys(p, v);
+      return;
+    }
+  }
+  nvshmemx_signal_op(sig, v, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// Whole block: copy nbytes from local src to the symmetric dst on pe, then set pe's signal to v. The signal is
+// observed only after the data (direct: barrier + system fence before a release store; put: NVSHMEM's ordering).
+// Returns true when the NVSHMEM put path was used (the caller then owes an nvshmem_quiet before reusing src).
+__device__ __forceinline__ bool put_signal_block(void* dst, const void* src, size_t nbytes, uint64_t* sig, uint64_t v,
+                                                 int pe, bool direct) {
+  void* peer_dst = direct ? nvshmem_ptr(dst, pe) : nullptr;
+  if (peer_dst != nullptr) {
+    block_copy(peer_dst, src, nbytes);
+    __syncthreads();
+    if (threadIdx.x == 0) signal_set(sig, v, pe, true);
+    __syncthreads();
+    return false;
+  }
+  nvshmemx_putmem_signal_nbi_block(dst, src, nbytes, sig, v, NVSHMEM_SIGNAL_SET, pe);
+  return true;
+}
+
+// Thread 0 waits, the block follows. False (for every thread) when the wait failed.
+__device__ __forceinline__ bool block_wait_ge(const Ctx& ctx, const uint64_t* sig, uint64_t expected, int site,
+                                              int index) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) ok = wait_ge(ctx, sig, expected, site, index) ? 1 : 0;
+  __syncthreads();
+  const bool r = ok != 0;
+  __syncthreads();
+  return r;
+}
+
+}  // namespace fs

@@ -1,0 +1,127 @@
+// Signals between PEs: release/acquire flag operations and a bounded spin-wait.
+//
+// Every kernel receives an fs::Ctx by value. A wait that exceeds ctx.timeout_ns records who waited on what in
+// ctx.err->record (pinned host memory, readable by the host without synchronising) and then either traps (default: the
+// CUDA context dies loudly, so no output is silently wrong) or returns false (ctx.trap_on_timeout == 0, used by
+// tests to inspect the record and keep the process alive).
+#pragma once
+#include <cstdint>
+
+namespace fs {
+
+// Mirrored field by field in flux_shmem/kernels/abi.py (ErrorRecord); keep them in sync.
+struct ErrorRecord {
+  unsigned long long flag;      // 0: no error; 1: the fields below are complete
+  unsigned long long expected;  // value the wait needed (>=)
+  unsigned long long seen;      // value last observed
+  unsigned long long addr;      // address of the signal word
+  int code;                     // 1: signal wait timed out
+  int pe;                       // PE that waited
+  int site;                     // which wait (fs::Site below)
+  int index;                    // signal index within its array (e.g. source PE * chunks + chunk)
+  int block;
+  int thread;
+};
+
+enum Site : int {
+  kSiteBarrier = 1,      // arrival slot of a peer (index = peer PE)
+  kSiteChunk = 2,        // all-gather chunk flag (index = source PE * chunks + chunk)
+  kSiteRows = 3,         // rows-ready counter of a GEMM m-tile (index = m-tile, on PE in `index2`)
+  kSiteRecv = 4,         // reduce-scatter receive signal (index = source node * tiles + tile)
+  kSiteTest = 9,         // test kernel
+};
+
+// Device-memory word that elects the first failing thread (atomics on host memory are not portable), and the
+// host-mapped record it fills. One per process, shared by every kernel.
+struct ErrorSlot {
+  unsigned long long claim;  // 0 until a thread claims the record
+  ErrorRecord* record;       // pinned host memory, device-accessible (UVA)
+};
+
+// Mirrored in flux_shmem/kernels/abi.py (Ctx).
+struct Ctx {
+  ErrorSlot* err;
+  unsigned long long timeout_ns;
+  int my_pe;
+  int n_pes;
+  int trap_on_timeout;
+  int pad_;
+};
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_add_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_add_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Records the failure once per process (first claimer wins) and traps unless the context says otherwise.
+__device__ __noinline__ void report_timeout(const Ctx& ctx, const uint64_t* sig, uint64_t expected, uint64_t seen,
+                                            int site, int index) {
+  ErrorSlot* slot = ctx.err;
+  if (slot != nullptr && atomicCAS(&slot->claim, 0ull, 1ull) == 0ull) {
+    volatile ErrorRecord* e = slot->record;
+    e->expected = expected;
+    e->seen = seen;
+    e->addr = reinterpret_cast<unsigned long long>(sig);
+    e->code = 1;
+    e->pe = ctx.my_pe;
+    e->site = site;
+    e->index = index;
+    e->block = blockIdx.x;
+    e->thread = threadIdx.x;
+    __threadfence_system();
+    e->flag = 1ull;  // last: the host reads the fields only once it sees the flag
+    __threadfence_system();
+  }
+  if (ctx.trap_on_timeout) __trap();
+}
+
+// True once another thread (any kernel of this process) has recorded an error: waits give up early then.
+__device__ __forceinline__ bool error_raised(const Ctx& ctx) {
+  return ctx.err != nullptr && *reinterpret_cast<volatile unsigned long long*>(&ctx.err->claim) != 0ull;
+}
+
+// Spin until *sig >= expected (acquire, system scope: writers may be other GPUs or NICs).
+// Returns false on timeout (only when ctx.trap_on_timeout == 0) or when an error was already raised.
+__device__ __forceinline__ bool wait_ge(const Ctx& ctx, const uint64_t* sig, uint64_t expected, int site, int index) {
+  uint64_t v = ld_acquire_sys(sig);
+  if (v >= expected) return true;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spin = 1;; ++spin) {
+    v = ld_acquire_sys(sig);
+    if (v >= expected) return true;
+    if ((spin & 1023u) == 0u) {
+      if (global_timer_ns() - start > ctx.timeout_ns) {
+        report_timeout(ctx, sig, expected, v, site, index);
+        return false;
+      }
+      if (error_raised(ctx)) return false;
+    }
+  }
+}
+
+}  // namespace fs

@@ -1,0 +1,226 @@
+"""Compile `csrc/<family>.cu` into cubins with nvcc, device-linked against NVSHMEM's `libnvshmem_device.a`.
+
+Each family is compiled in up to two passes from the same source:
+  * device pass (`-DFS_DEVICE_PASS`, `-rdc=true`, then `nvcc -dlink -cubin` with the NVSHMEM device library):
+    the cubin that `flux_shmem.kernels.module` loads;
+  * host pass (`-DFS_HOST_PASS`, `-shared`), only for sources that mention FS_HOST_PASS: a small shared library
+    whose C functions fill CUTLASS kernel parameter blocks (TMA descriptors are made on the host).
+
+Artifacts are cached on disk under a key made of the sources' hash, the arch, the build flags and the NVSHMEM and
+CUTLASS versions, so a different NVSHMEM never loads a cubin linked against another one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import BuildError
+
+DEFAULT_ARCHS = ("90a",)
+_CXX_FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fno-strict-aliasing", "-DNDEBUG")
+
+
+def csrc_dir() -> Path:
+    """The kernel sources: `$FLUX_SHMEM_CSRC`, else `csrc/` beside the package (editable install / checkout)."""
+    env = os.environ.get("FLUX_SHMEM_CSRC")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "csrc"
+    if not (path / "include").is_dir():
+        raise BuildError(f"kernel sources not found at {path}: install flux_shmem from a checkout "
+                         "(`pip install -e .`) or set FLUX_SHMEM_CSRC to the repository's csrc/ folder")
+    return path
+
+
+def families() -> list[str]:
+    """Every operator family, one per `csrc/*.cu`."""
+    return sorted(p.stem for p in csrc_dir().glob("*.cu"))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FLUX_SHMEM_CACHE", Path.home() / ".cache" / "flux_shmem"))
+
+
+def archs_from_env() -> tuple[str, ...]:
+    """`FLUX_SHMEM_ARCHS=90a,90` overrides the arch list (compute capability digits, optional `a` suffix)."""
+    raw = os.environ.get("FLUX_SHMEM_ARCHS")
+    if not raw:
+        return DEFAULT_ARCHS
+    archs = tuple(a.strip() for a in raw.split(",") if a.strip())
+    for a in archs:
+        if not re.fullmatch(r"\d{2,3}a?", a):
+            raise BuildError(f"FLUX_SHMEM_ARCHS entry {a!r} is not an arch like '90a' or '90'")
+    return archs
+
+
+def _package_root(dist_module: str) -> Path | None:
+    spec = importlib.util.find_spec(dist_module)  # finds without importing (cutlass_library imports heavy deps)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Toolchain:
+    nvshmem_root: Path | None
+    nvshmem_version: str
+    cutlass_includes: tuple[Path, ...]
+    cutlass_version: str
+
+    @property
+    def nvshmem_device_lib(self) -> Path:
+        assert self.nvshmem_root is not None
+        return self.nvshmem_root / "lib" / "libnvshmem_device.a"
+
+    def includes(self) -> list[str]:
+        inc = [f"-I{csrc_dir() / 'include'}"]
+        if self.nvshmem_root is not None:
+            inc.append(f"-I{self.nvshmem_root / 'include'}")
+        inc += [f"-I{p}" for p in self.cutlass_includes]
+        return inc
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain() -> Toolchain:
+    nv_root = None
+    try:
+        nv_root = _package_root("nvidia.nvshmem")
+    except ModuleNotFoundError:
+        pass
+    cut_root = _package_root("cutlass_library")
+    cut_inc: tuple[Path, ...] = ()
+    if cut_root is not None:
+        cut_inc = (cut_root / "source" / "include", cut_root / "source" / "tools" / "util" / "include")
+    return Toolchain(nv_root, _version("nvidia-nvshmem-cu13"), cut_inc, _version("nvidia-cutlass"))
+
+
+def nvcc_path() -> str:
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+    if nvcc is None:
+        for cand in ("/usr/local/cuda/bin/nvcc",):
+            if os.path.exists(cand):
+                nvcc = cand
+    if nvcc is None:
+        raise BuildError("nvcc not found: install the CUDA toolkit (12.4+; 13.0 tested), put nvcc on PATH or "
+                         "set NVCC=/path/to/nvcc; or copy prebuilt kernels into FLUX_SHMEM_CACHE")
+    return nvcc
+
+
+def _sources(family: str) -> list[Path]:
+    src = csrc_dir()
+    main = src / f"{family}.cu"
+    if not main.exists():
+        raise BuildError(f"no kernel family {family!r}: expected {main}; families are {families()}")
+    return [main] + sorted((src / "include").rglob("*.cuh"))
+
+
+def needs_host_lib(family: str) -> bool:
+    return "FS_HOST_PASS" in (csrc_dir() / f"{family}.cu").read_text()
+
+
+def uses_nvshmem(family: str) -> bool:
+    """Families calling NVSHMEM device APIs are device-linked with it and need `library_init` after loading."""
+    return "<nvshmem.h>" in (csrc_dir() / f"{family}.cu").read_text()
+
+
+def cache_key(family: str, arch: str) -> str:
+    tc = toolchain()
+    h = hashlib.sha256()
+    for p in _sources(family):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(" ".join(_CXX_FLAGS).encode())
+    return f"{family}-sm{arch}-nvshmem{tc.nvshmem_version}-cutlass{tc.cutlass_version}-{h.hexdigest()[:16]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifacts:
+    family: str
+    arch: str
+    cubin: Path
+    host_lib: Path | None
+
+
+def _gencode(arch: str) -> str:
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def _artifact_paths(family: str, arch: str) -> tuple[Path, Path]:
+    key = cache_key(family, arch)
+    return cache_dir() / f"{key}.cubin", cache_dir() / f"lib{key}.so"
+
+
+def cached(family: str, arch: str) -> Artifacts | None:
+    """The cached artifacts for this family and arch, or None when they must be built."""
+    cubin, lib = _artifact_paths(family, arch)
+    host = needs_host_lib(family)
+    if cubin.exists() and (not host or lib.exists()):
+        return Artifacts(family, arch, cubin, lib if host else None)
+    return None
+
+
+def build(family: str, arch: str = DEFAULT_ARCHS[0], *, force: bool = False, verbose: bool = False) -> Artifacts:
+    """Build (or reuse from the cache) the cubin and host library of one family for one arch."""
+    if not force and (hit := cached(family, arch)) is not None:
+        return hit
+    tc = toolchain()
+    if tc.nvshmem_root is None or not tc.nvshmem_device_lib.exists():
+        raise BuildError("NVSHMEM device library not found: `pip install nvidia-nvshmem-cu13` "
+                         "(headers and libnvshmem_device.a come from that wheel)")
+    nvcc = nvcc_path()
+    cubin, lib = _artifact_paths(family, arch)
+    cubin.parent.mkdir(parents=True, exist_ok=True)
+    src = csrc_dir() / f"{family}.cu"
+    # One builder per artifact across processes: several ranks of one node may start at once.
+    with open(f"{cubin}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and (hit := cached(family, arch)) is not None:
+            return hit
+        with tempfile.TemporaryDirectory(dir=cubin.parent) as tmp:
+            obj = Path(tmp) / f"{family}.o"
+            common = [nvcc, _gencode(arch), *_CXX_FLAGS, *tc.includes()]
+            tmp_cubin = Path(tmp) / "out.cubin"
+            if uses_nvshmem(family):
+                _run(common + ["-rdc=true", "-DFS_DEVICE_PASS", "-c", str(src), "-o", str(obj)],
+                     f"nvcc device pass of {family}")
+                _run([nvcc, _gencode(arch), "-dlink", "-cubin", str(obj), str(tc.nvshmem_device_lib),
+                      "-o", str(tmp_cubin)], f"nvcc device link of {family} with libnvshmem_device.a")
+            else:  # plain whole-program cubin: no relocatable code, better codegen
+                _run(common + ["-DFS_DEVICE_PASS", "-cubin", str(src), "-o", str(tmp_cubin)],
+                     f"nvcc device pass of {family}")
+            host = needs_host_lib(family)
+            if host:
+                tmp_lib = Path(tmp) / "out.so"
+                _run(common + ["-DFS_HOST_PASS", "-shared", "-Xcompiler=-fPIC", str(src), "-o", str(tmp_lib)],
+                     f"nvcc host pass of {family}")
+                os.replace(tmp_lib, lib)
+            meta = {"family": family, "arch": arch, "nvshmem": tc.nvshmem_version, "cutlass": tc.cutlass_version,
+                    "nvcc": subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
+                    .splitlines()[-1]}
+            Path(f"{cubin}.json").write_text(json.dumps(meta, indent=1))
+            os.replace(tmp_cubin, cubin)
+    if verbose:
+        print(f"built {cubin}")
+    return Artifacts(family, arch, cubin, lib if needs_host_lib(family) else None)

@@ -1,0 +1,133 @@
+"""Load a kernel family's cubin with cuda.core, initialise NVSHMEM in it, and launch its kernels on torch's stream.
+
+Every kernel of this project takes exactly one by-value parameter (a `const __grid_constant__` struct), so one
+launch path serves all of them: the struct's bytes (a ctypes Structure mirroring the C struct, or a CUTLASS
+parameter block filled by the family's host library) are passed through `cuLaunchKernelEx`. The parameter size is
+checked against what the cubin declares, so a struct that drifted from its C twin fails loudly instead of running.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Sequence, Union
+
+from ..errors import BuildError, NoGPUError
+from . import build as kbuild
+
+ArgBlock = Union[ctypes.Structure, bytes, bytearray]
+
+
+def _driver():
+    from cuda.bindings import driver
+    return driver
+
+
+def _check(result, what: str):
+    """cuda.bindings returns (err, *values); raise on error, return the values."""
+    err, *vals = result if isinstance(result, tuple) else (result,)
+    driver = _driver()
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise RuntimeError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    return vals[0] if len(vals) == 1 else vals
+
+
+def device_arch(device_index: int | None = None) -> str:
+    """The build arch for a CUDA device, e.g. '90a' for H100/H200 (wgmma kernels need the 'a' target)."""
+    import torch
+    if not torch.cuda.is_available():
+        raise NoGPUError("no CUDA device visible (torch.cuda.is_available() is False): flux_shmem kernels need "
+                         "an NVIDIA Hopper GPU (H100/H200)")
+    major, minor = torch.cuda.get_device_capability(device_index)
+    arch = f"{major}{minor}"
+    wanted = kbuild.archs_from_env()
+    for a in wanted:
+        if a.rstrip("a") == arch:
+            return a
+    raise NoGPUError(f"this GPU is sm_{arch} but kernels are built for {', '.join('sm_' + a for a in wanted)}: "
+                     f"flux_shmem targets Hopper (sm_90a); set FLUX_SHMEM_ARCHS to include {arch} to try anyway")
+
+
+class Kernel:
+    """One `extern "C"` kernel of a loaded family."""
+
+    def __init__(self, module: "Module", name: str):
+        self.module, self.name = module, name
+        try:
+            self._k = module.obj.get_kernel(name)
+        except Exception as e:  # cuda.core raises its own error type
+            raise BuildError(f"kernel {name!r} not found in family {module.family!r}: {e}") from e
+        driver = _driver()
+        self._handle = driver.CUkernel(int(self._k.handle))
+        count = _check(driver.cuKernelGetParamCount(self._handle), f"cuKernelGetParamCount({name})")
+        if count != 1:
+            raise BuildError(f"kernel {name} takes {count} parameters; flux_shmem kernels take one struct")
+        _, self.param_size = _check(driver.cuKernelGetParamInfo(self._handle, 0), f"cuKernelGetParamInfo({name})")
+        self._smem_set = 0
+
+    def _set_smem(self, smem: int) -> None:
+        if smem > 48 * 1024 and smem > self._smem_set:
+            driver = _driver()
+            import torch
+            dev = driver.CUdevice(torch.cuda.current_device())
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(driver.cuKernelSetAttribute(attr, smem, self._handle, dev), f"raise smem of {self.name}")
+            self._smem_set = smem
+
+    def launch(self, args: ArgBlock, grid: Sequence[int] | int, block: Sequence[int] | int, *, smem: int = 0,
+               stream=None, cluster: Sequence[int] | None = None) -> None:
+        """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter."""
+        import torch
+        blob = bytes(args) if not isinstance(args, (bytes, bytearray)) else bytes(args)
+        if len(blob) != self.param_size:
+            raise BuildError(f"{self.name}: argument block is {len(blob)} bytes, the cubin expects "
+                             f"{self.param_size}: the Python mirror of the C struct is out of date")
+        grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
+        block = (block, 1, 1) if isinstance(block, int) else tuple(block) + (1,) * (3 - len(block))
+        if stream is None:
+            stream = torch.cuda.current_stream()
+        self._set_smem(smem)
+        driver = _driver()
+        buf = ctypes.create_string_buffer(blob, len(blob))
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = smem
+        cfg.hStream = driver.CUstream(stream.cuda_stream)
+        attrs = []
+        if cluster is not None and tuple(cluster) != (1, 1, 1):
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
+            attrs.append(a)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        _check(driver.cuLaunchKernelEx(cfg, self._handle, ctypes.addressof(ptrs), 0), f"launch {self.name}")
+
+
+class Module:
+    """A family's cubin (built or taken from the cache), NVSHMEM-initialised when it uses NVSHMEM."""
+
+    def __init__(self, family: str):
+        import nvshmem.core as nv
+        from cuda.core import ObjectCode
+        self.family = family
+        art = kbuild.build(family, device_arch())
+        self.obj = ObjectCode.from_cubin(art.cubin.read_bytes())
+        if kbuild.uses_nvshmem(family):
+            self._nv_obj = nv.NvshmemKernelObject.from_obj(self.obj)
+            nv.library_init(self._nv_obj)
+        self.host_lib = ctypes.CDLL(str(art.host_lib)) if art.host_lib else None
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, name: str) -> Kernel:
+        if name not in self._kernels:
+            self._kernels[name] = Kernel(self, name)
+        return self._kernels[name]
+
+
+@functools.lru_cache(maxsize=None)
+def load(family: str) -> Module:
+    """The loaded module of a family; one per process (NVSHMEM must be initialised first)."""
+    return Module(family)

@@ -1,0 +1,37 @@
+"""Argument checks shared by the ops. Every message says what was expected and how to fix the call."""
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_dtype(name: str, dtype: torch.dtype, allowed=SUPPORTED_DTYPES) -> None:
+    if dtype not in allowed:
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use one of "
+                        f"{', '.join(str(d) for d in allowed)}")
+
+
+def check_tensor(name: str, t, *, dtype: torch.dtype, device: int, ndim: int = 2) -> None:
+    """A CUDA tensor of this PE's device with the op's dtype and rank, contiguous (row-major)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda" or t.device.index != device:
+        raise ValueError(f"{name} is on {t.device}, but this PE computes on cuda:{device}: move it with "
+                         f"{name}.to('cuda:{device}')")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, the op was built for {dtype}: build another op or cast "
+                        f"with {name}.to({dtype})")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (row-major): pass {name}.contiguous()")
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must start on a 16-byte boundary (got address 0x{t.data_ptr():x}): pass a "
+                         "fresh tensor or .clone() it")
+
+
+def positive(name: str, v: int) -> int:
+    if int(v) != v or v <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)

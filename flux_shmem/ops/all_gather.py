@@ -1,0 +1,85 @@
+"""AllGather: out = all_gather(x, dim=0) over symmetric memory, chunk by chunk with one signal per chunk.
+
+The same engine (csrc/collectives.cu, fs_all_gather) feeds AllGatherGEMM; here it runs alone.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import abi
+from ..kernels.module import load
+from ..runtime import signals, symmetric
+from ..runtime.bootstrap import get_runtime
+from ._validate import check_dtype, check_tensor, positive
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def default_chunk_rows(rows: int, cols: int, elem: int, world: int, blocks: int) -> int:
+    """Chunks of at least 64 KiB, enough of them that every communication block has work."""
+    per_shard = max(1, -(-blocks // max(world, 1)))
+    rows_for_64k = max(1, (64 * 1024) // max(cols * elem, 1))
+    return max(rows_for_64k, -(-rows // per_shard), 1)
+
+
+class AllGather:
+    """Gathers equal row shards of every PE: x [rows, cols] on each PE -> [world * rows, cols], PE order.
+
+    Built once for shards of up to `max_rows` rows (collective: allocates symmetric buffers), then called like a
+    function on torch's current stream. `chunk_rows` sets the signal granularity; `comm_blocks` how many thread
+    blocks move data.
+    """
+
+    def __init__(self, max_rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, *,
+                 chunk_rows: int | None = None, comm_blocks: int = 16):
+        self.rt = get_runtime()
+        self.max_rows, self.cols = positive("max_rows", max_rows), positive("cols", cols)
+        check_dtype("AllGather", dtype, _DTYPES)
+        self.dtype, self.comm_blocks = dtype, positive("comm_blocks", comm_blocks)
+        elem = torch.empty((), dtype=dtype).element_size()
+        self.chunk_rows = positive("chunk_rows", chunk_rows) if chunk_rows is not None else \
+            default_chunk_rows(max_rows, cols, elem, self.rt.world_size, comm_blocks)
+        symmetric.agree("AllGather(max_rows, cols, dtype, chunk_rows, comm_blocks)",
+                        (self.max_rows, self.cols, str(dtype), self.chunk_rows, self.comm_blocks))
+        W = self.rt.world_size
+        self.max_chunks = -(-self.max_rows // self.chunk_rows)
+        self.gather = symmetric.empty((W * self.max_rows, self.cols), dtype)
+        self.flags = symmetric.zeros((W * self.max_chunks,), torch.int64)
+        self.sync = signals.SyncState(self.rt)
+        self._kernel = load("collectives").kernel("fs_all_gather")
+
+    def __repr__(self) -> str:
+        return (f"AllGather(max_rows={self.max_rows}, cols={self.cols}, dtype={self.dtype}, world="
+                f"{self.rt.world_size}, chunk_rows={self.chunk_rows}, node_size={self.rt.node_size})")
+
+    def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True) -> torch.Tensor:
+        """Gather x on `stream` into the internal symmetric buffer (returned). wait_all=False: the kernel ends
+        once this PE's data is sent; consumers then wait on `flags` themselves (the fused GEMM does)."""
+        rows = x.shape[0]
+        elem = x.element_size()
+        chunks = -(-rows // self.chunk_rows)
+        args = abi.AgArgs(ctx=signals.ctx(), src=x.data_ptr(), gather=self.gather.data_ptr(),
+                          flags=self.flags.data_ptr(), bar=self.sync.bar.data_ptr(),
+                          epoch=self.sync.epoch.data_ptr(), shard_bytes=rows * self.cols * elem,
+                          chunk_bytes=self.chunk_rows * self.cols * elem, chunks=chunks,
+                          node_size=self.rt.node_size, wait_all=int(wait_all))
+        units = chunks * self.rt.world_size
+        self._kernel.launch(args, min(self.comm_blocks, units), 512, stream=stream)
+        return self.gather[: self.rt.world_size * rows]
+
+    def check(self, x: torch.Tensor) -> None:
+        check_tensor("x", x, dtype=self.dtype, device=self.rt.device)
+        if x.shape[1] != self.cols:
+            raise ValueError(f"x has {x.shape[1]} columns, the op was built for {self.cols}")
+        if not 0 < x.shape[0] <= self.max_rows:
+            raise ValueError(f"x has {x.shape[0]} rows; this op takes 1..{self.max_rows} (build it with a larger "
+                             "max_rows)")
+
+    def __call__(self, x: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
+        """x: [rows, cols] -> [world * rows, cols]. copy=False returns a view of the internal buffer, valid until
+        the next call of this op."""
+        signals.check_errors()
+        self.check(x)
+        out = self.launch(x)
+        self.sync.bump()
+        return out.clone() if copy else out

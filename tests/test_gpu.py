@@ -1,0 +1,49 @@
+"""GPU tests: tests/gpu/checks.py under mpirun with 1 and 2 PEs (2 PEs may share one GPU), plus timeouts.
+Skipped with the reason where there is no Hopper GPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKS = ROOT / "tests" / "gpu" / "checks.py"
+pytestmark = pytest.mark.gpu
+
+
+def launch(np_: int, *groups: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "flux_shmem.launch", "-n", str(np_), "--", sys.executable, str(CHECKS), *groups]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_checks_passed(proc: subprocess.CompletedProcess, groups_expected: int) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "FAILED" not in out, out[-6000:]
+    assert out.count("CHECK ") >= groups_expected, out[-6000:]
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_runtime_and_collectives(np_):
+    assert_checks_passed(launch(np_, "runtime", "collectives"), 10)
+
+
+def test_forced_put_path():
+    """Every peer through NVSHMEM put/signal: the inter-node code path, on one node."""
+    assert_checks_passed(launch(2, "collectives", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 4)
+
+
+def test_timeout_raises_with_details():
+    proc = launch(1, "timeout_raise", env={"FLUX_SHMEM_ON_TIMEOUT": "raise", "FLUX_SHMEM_TIMEOUT_S": "2"})
+    assert_checks_passed(proc, 1)
+
+
+def test_timeout_traps_and_reports():
+    proc = launch(1, "timeout_trap", env={"FLUX_SHMEM_TIMEOUT_S": "2"}, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert "PE 0 timed out after 2 s waiting on test signal 0: needed >= 7, saw 0" in out, out[-4000:]
