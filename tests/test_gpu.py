@@ -47,3 +47,8 @@ def test_timeout_traps_and_reports():
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
     assert "PE 0 timed out after 2 s waiting on test signal 0: needed >= 7, saw 0" in out, out[-4000:]
+
+
+def test_two_level_path_on_one_host():
+    """4 PEs as 2 'nodes' of 2: NVLink stores inside a node, puts and forwards between nodes, node partials."""
+    assert_checks_passed(launch(4, "collectives", env={"FLUX_SHMEM_NODE_SIZE": "2"}), 4)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: install carried wheels, load prebuilt kernels (or build them), run the GPU tests,
+# then the benchmarks. Logs go to $OUT (the device tool's output folder) or ./.device_out.
+#   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+OUT=${OUT:-$PWD/.device_out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export FLUX_SHMEM_CACHE=${FLUX_SHMEM_CACHE:-$PWD/.cache/kernels}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
+python3 -m flux_shmem.build 2>&1 | tee "$OUT/build.log"
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@" 2>&1 | tee "$OUT/gpu_tests.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  n=$(python3 -c "import torch; print(max(2, torch.cuda.device_count()))")
+  python3 -m flux_shmem.launch -n "$n" -- python3 benchmarks/run.py --quick --jsonl "$OUT/bench.jsonl" \
+    --plot-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
+fi
+exit $rc
