@@ -1,0 +1,366 @@
+"""The GPU side of the sweep: builds inputs, runs every implementation, checks and times it.
+
+GPU only; ``run.py`` imports this after it has made sure a CUDA device is
+visible.  Every rank runs the same sequence of collectives; whether an
+implementation is usable is agreed across ranks (MPI) before it is called,
+so a failure on one rank marks it failed everywhere instead of hanging.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import baselines, metrics, timing
+from .shapes import Problem, rotation_sets
+
+# Relative error bounds (Frobenius norm, against an fp32 torch reference).
+TOL = {"ag_gemm": 1e-2, "gemm_rs": 2e-2, "all_gather": 0.0, "reduce_scatter": 2e-2}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _reason(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _status_for(e: BaseException) -> str:
+    if isinstance(e, baselines.Unavailable):
+        return "unavailable: " + (str(e).strip().splitlines() or ["(no reason given)"])[0]
+    if isinstance(e, ( AttributeError, NotImplementedError, ImportError)):
+        return "unavailable: " + _reason(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "error: out of GPU memory"
+    return "error: " + _reason(e)
+
+
+class Suite:
+    def __init__(self, *, comm, rank: int, world: int, local_rank: int, flux, flux_error: Optional[str],
+                 dtype: str, iters: int, warmup: int, rotate: Optional[int], seed: int = 1234,
+                 verbose: bool = False, nccl_error: Optional[str] = None):
+        self.comm = comm
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.flux = flux
+        self.flux_error = flux_error
+        self.dtype_name = dtype
+        self.dtype = TORCH_DTYPES[dtype]
+        self.iters, self.warmup, self.rotate = iters, warmup, rotate
+        self.seed = seed
+        self.verbose = verbose
+        self.device = torch.device("cuda", local_rank)
+        # NCCL (and so every torch baseline) needs one GPU per rank; without it, set-up and references go
+        # through MPI on the host and only our ops are timed.
+        self.nccl_error = nccl_error
+        self.group = dist.group.WORLD if nccl_error is None else None
+        self.coll = baselines.NcclCollectives(self.device) if nccl_error is None else baselines.HostCollectives(comm)
+        self.sync = self.coll.sync
+        self.l2 = timing.l2_cache_bytes(self.device)
+        self._ops: Dict[tuple, object] = {}
+        self._max_rows: Dict[tuple, int] = {}
+        self._comm_cache: Dict[tuple, Dict[str, dict]] = {}
+        self._counter = 0
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 references are real fp32
+        torch.backends.cudnn.allow_tf32 = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def plan(self, problems: Sequence[Problem]) -> None:
+        """Record the largest M per op configuration so each op object is built once."""
+        for p in problems:
+            for key, rows in self._op_keys(p):
+                self._max_rows[key] = max(self._max_rows.get(key, 0), rows)
+
+    def _op_keys(self, p: Problem) -> List[Tuple[tuple, int]]:
+        keys = []
+        if p.op == "ag_gemm":
+            keys.append((("AllGatherGEMM", p.n_local, p.k), p.m))
+        if p.op == "gemm_rs":
+            keys.append((("GEMMReduceScatter", p.n, p.k_local), p.m))
+        if p.op in ("ag_gemm", "all_gather"):
+            keys.append((("AllGather", p.k), p.m_local))
+        if p.op in ("gemm_rs", "reduce_scatter"):
+            keys.append((("ReduceScatter", p.n), p.m))
+        return keys
+
+    def _our_op(self, kind: str, *dims):
+        if self.flux is None:
+            raise baselines.Unavailable(self.flux_error or "flux_shmem not available")
+        key = (kind, *dims)
+        if key not in self._ops:
+            cls = getattr(self.flux, kind)  # AttributeError -> unavailable
+            max_rows = self._max_rows.get(key)
+            if max_rows is None:
+                raise RuntimeError(f"internal: no plan for {key}")
+            self._ops[key] = cls(max_rows, *dims, self.dtype)
+        return self._ops[key]
+
+    def _nccl(self, make: Callable[[], Callable]) -> Callable[[], Callable]:
+        """Wrap the constructor of a torch.distributed baseline: unavailable without NCCL."""
+        def wrapped():
+            if self.nccl_error is not None:
+                raise baselines.Unavailable(self.nccl_error)
+            return make()
+        return wrapped
+
+    def _agree(self, status: str) -> str:
+        """Same status on every rank: the first non-ok one (by rank) wins."""
+        statuses = self.comm.allgather(status)
+        for s in statuses:
+            if s != "ok":
+                return s
+        return "ok"
+
+    def _max(self, x: Optional[float]) -> Optional[float]:
+        vals = self.comm.allgather(x)
+        vals = [v for v in vals if v is not None]
+        return max(vals) if vals else None
+
+    def _gen(self) -> torch.Generator:
+        self._counter += 1
+        g = torch.Generator(device=self.device)
+        g.manual_seed(self.seed + 7919 * self._counter + 104729 * self.rank)
+        return g
+
+    def _randn(self, shape, gen, scale: float = 1.0) -> torch.Tensor:
+        t = torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32)
+        if scale != 1.0:
+            t.mul_(scale)
+        return t.to(self.dtype)
+
+    def _nsets(self, bytes_per_set: int) -> int:
+        if self.rotate:
+            n = self.rotate
+        else:
+            budget = int(0.3 * timing.free_bytes())
+            n = rotation_sets(bytes_per_set, self.l2, budget)
+        return int(self.comm.allreduce(n, op=_mpi_min()))
+
+    def measure(self, name: str, make: Callable[[], Callable], sets: Sequence[tuple],
+                check: Callable[[object], float], tol: float) -> dict:
+        """Construct, check on sets[0], then time one implementation (same outcome on every rank)."""
+        fn = None
+        status = "ok"
+        try:
+            fn = make()
+        except Exception as e:  # noqa: BLE001 - recorded, never fatal
+            status = _status_for(e)
+            if self.verbose:
+                traceback.print_exc()
+        status = self._agree(status)
+        entry: dict = {"status": status, "ms": None, "rel_err": None, "tol": tol, "ok": None}
+        if status != "ok":
+            return entry
+        err = None
+        try:
+            out = fn(*sets[0])
+            torch.cuda.synchronize()
+            err = float(check(out))
+            del out
+        except Exception as e:  # noqa: BLE001
+            status = _status_for(e)
+            if self.verbose:
+                traceback.print_exc()
+        status = self._agree(status)
+        entry["status"] = status
+        if status != "ok":
+            return entry
+        err = self._max(err)
+        entry["rel_err"] = err if err is None or math.isfinite(err) else float("inf")
+        entry["ok"] = bool(err is not None and err <= tol)
+        try:
+            samples = timing.cuda_time(fn, sets, warmup=self.warmup, iters=self.iters, sync=self.sync)
+            med = metrics.median(samples)
+            status = "ok"
+        except Exception as e:  # noqa: BLE001
+            med, samples = None, []
+            status = _status_for(e)
+        status = self._agree(status)
+        entry["status"] = status
+        if status == "ok":
+            entry["ms"] = self._max(med)  # the op is done when the slowest rank is
+            entry["ms_min"] = min(v for v in self.comm.allgather(min(samples)) if v is not None)
+            entry["iters"] = len(samples)
+        entry["rotation_sets"] = len(sets)
+        return entry
+
+    # ------------------------------------------------------------------ problems
+
+    def run(self, p: Problem) -> Dict[str, dict]:
+        try:
+            if p.op == "ag_gemm":
+                return self._ag_gemm(p)
+            if p.op == "gemm_rs":
+                return self._gemm_rs(p)
+            if p.op == "all_gather":
+                return self._comm(p.op, p.m, p.k)
+            if p.op == "reduce_scatter":
+                return self._comm(p.op, p.m, p.n)
+            raise ValueError(p.op)
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    def _comm(self, op: str, rows: int, cols: int) -> Dict[str, dict]:
+        """ours vs NCCL for the collective moving a [rows, cols] tensor (cached per shape)."""
+        key = (op, rows, cols)
+        if key in self._comm_cache:
+            return self._comm_cache[key]
+        W, r = self.world, self.rank
+        es = torch.empty((), dtype=self.dtype).element_size()
+        gen = self._gen()
+        tol = TOL[op]
+        res: Dict[str, dict] = {}
+        if op == "all_gather":
+            loc = rows // W
+            n = self._nsets((loc + rows) * cols * es)
+            xs = [self._randn((loc, cols), gen) for _ in range(n)]
+            ref = torch.empty(rows, cols, dtype=self.dtype, device=self.device)
+            self.coll.all_gather(ref, xs[0])
+            # sanity check of the reference itself: our shard must sit at rows [r*loc, (r+1)*loc)
+            if not torch.equal(ref[r * loc:(r + 1) * loc], xs[0]):
+                raise RuntimeError(f"{self.coll.name} all_gather reference is inconsistent")
+            sets = [(x,) for x in xs]
+            nccl_out = torch.empty(rows, cols, dtype=self.dtype, device=self.device)
+            res["ours"] = self.measure("ours", lambda: _no_copy(self._our_op("AllGather", cols)),
+                                       sets,
+                                       lambda out: timing.relative_error(out, ref), tol)
+            res["nccl"] = self.measure("nccl", self._nccl(lambda: (lambda x: baselines.nccl_all_gather(x, nccl_out))),
+                                       sets, lambda out: timing.relative_error(out, ref), tol)
+        else:
+            n = self._nsets(rows * cols * es + (rows // W) * cols * es)
+            xs = [self._randn((rows, cols), gen) for _ in range(n)]
+            ref = torch.empty(rows // W, cols, dtype=torch.float32, device=self.device)
+            self.coll.reduce_scatter(ref, xs[0].float())
+            sets = [(x,) for x in xs]
+            nccl_out = torch.empty(rows // W, cols, dtype=self.dtype, device=self.device)
+            res["ours"] = self.measure("ours", lambda: self._our_op("ReduceScatter", cols), sets,
+                                       lambda out: timing.relative_error(out, ref), tol)
+            res["nccl"] = self.measure("nccl",
+                                       self._nccl(lambda: (lambda x: baselines.nccl_reduce_scatter(x, nccl_out))),
+                                       sets, lambda out: timing.relative_error(out, ref), tol)
+        self._comm_cache[key] = res
+        return res
+
+    def _ag_gemm(self, p: Problem) -> Dict[str, dict]:
+        W, r = self.world, self.rank
+        m, mloc, n, k = p.m, p.m_local, p.n_local, p.k
+        comm = self._comm("all_gather", m, k)  # (e) and NCCL alone; first, so its buffers are gone after
+        torch.cuda.empty_cache()
+        es = p.elem_bytes
+        gen = self._gen()
+        nsets = self._nsets((mloc * k + k * n + m * k) * es)
+        sets = []
+        for _ in range(nsets):
+            a_shard = self._randn((mloc, k), gen)
+            b = self._randn((k, n), gen, scale=1.0 / math.sqrt(k))
+            a_full = torch.empty(m, k, dtype=self.dtype, device=self.device)
+            self.coll.all_gather(a_full, a_shard)
+            sets.append((a_shard, b, a_full))
+        a_shard0, b0, a_full0 = sets[0]
+        ref = a_full0.float() @ b0.float()
+        tol = TOL["ag_gemm"]
+
+        def chk(out):
+            return timing.relative_error(out, ref)
+
+        res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
+        res["ours"] = self.measure(
+            "ours", lambda: (lambda op: (lambda a_s, b, a_f: op(a_s, b)))(self._our_op("AllGatherGEMM", n, k)),
+            sets, chk, tol)
+
+        def make_chunked():
+            c = baselines.ChunkedAGGemm(m, n, k, self.dtype, self.device, r, W)
+            return lambda a_s, b, a_f: c(a_s, b)
+
+        res["chunked"] = self.measure("chunked", self._nccl(make_chunked), sets, chk, tol)
+
+        def make_symm():
+            f = baselines.symm_mem_ag_gemm(self.group)
+            return lambda a_s, b, a_f: f(a_s, b)
+
+        res["symm_mem"] = self.measure("symm_mem", self._nccl(make_symm), sets, chk, tol)
+        gather_buf = torch.empty(m, k, dtype=self.dtype, device=self.device)
+        res["serial"] = self.measure(
+            "serial", self._nccl(lambda: (lambda a_s, b, a_f: baselines.serial_ag_gemm(a_s, b, gather_buf))),
+            sets, chk, tol)
+        res["ours_gemm"] = self.measure(
+            "ours_gemm",
+            lambda: (lambda op: (lambda a_s, b, a_f: op.gemm_only(a_f, b)))(self._our_op("AllGatherGEMM", n, k)),
+            sets, chk, tol)
+        res["cublas"] = self.measure("cublas", lambda: (lambda a_s, b, a_f: torch.matmul(a_f, b)), sets, chk, tol)
+        return res
+
+    def _gemm_rs(self, p: Problem) -> Dict[str, dict]:
+        W, r = self.world, self.rank
+        m, n, kloc = p.m, p.n, p.k_local
+        comm = self._comm("reduce_scatter", m, n)
+        torch.cuda.empty_cache()
+        es = p.elem_bytes
+        gen = self._gen()
+        nsets = self._nsets((m * kloc + kloc * n) * es)
+        sets = []
+        for _ in range(nsets):
+            a = self._randn((m, kloc), gen)
+            b = self._randn((kloc, n), gen, scale=1.0 / math.sqrt(p.k))
+            sets.append((a, b))
+        a0, b0 = sets[0]
+        partial = a0.float() @ b0.float()
+        ref = torch.empty(m // W, n, dtype=torch.float32, device=self.device)
+        self.coll.reduce_scatter(ref, partial)
+        tol = TOL["gemm_rs"]
+
+        def chk(out):
+            return timing.relative_error(out, ref)
+
+        def chk_partial(out):
+            return timing.relative_error(out, partial)
+
+        res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
+        res["ours"] = self.measure(
+            "ours", lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc)),
+            sets, chk, tol)
+
+        def make_chunked():
+            c = baselines.ChunkedGemmRS(m, n, self.dtype, self.device, r, W)
+            return lambda a, b: c(a, b)
+
+        res["chunked"] = self.measure("chunked", self._nccl(make_chunked), sets, chk, tol)
+        res["symm_mem"] = self.measure("symm_mem", self._nccl(lambda: baselines.symm_mem_gemm_rs(self.group)),
+                                       sets, chk, tol)
+        out_buf = torch.empty(m // W, n, dtype=self.dtype, device=self.device)
+        res["serial"] = self.measure(
+            "serial", self._nccl(lambda: (lambda a, b: baselines.serial_gemm_rs(a, b, out_buf))), sets, chk, tol)
+        res["ours_gemm"] = self.measure(
+            "ours_gemm",
+            lambda: (lambda op: (lambda a, b: op.gemm_only(a, b)))(self._our_op("GEMMReduceScatter", n, kloc)),
+            sets, chk_partial, tol)
+        res["cublas"] = self.measure("cublas", lambda: (lambda a, b: torch.matmul(a, b)), sets, chk_partial, tol)
+        return res
+
+    def close(self) -> None:
+        self._ops.clear()
+        self._comm_cache.clear()
+        torch.cuda.synchronize()
+
+
+def _no_copy(op) -> Callable:
+    """``op(x, copy=False)`` where the op offers it (returns its internal buffer, like NCCL writing into a
+    preallocated output), else ``op(x)``."""
+    import inspect
+
+    try:
+        takes_copy = "copy" in inspect.signature(op.__call__).parameters
+    except (TypeError, ValueError):
+        takes_copy = False
+    if takes_copy:
+        return lambda x: op(x, copy=False)
+    return op
+
+
+def _mpi_min():
+    from mpi4py import MPI
+
+    return MPI.MIN
