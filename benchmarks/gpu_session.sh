@@ -15,9 +15,10 @@ export FLUX_SHMEM_CACHE=${FLUX_SHMEM_CACHE:-$PWD/.cache/kernels}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
-python3 -m flux_shmem.build 2>&1 | tee "$OUT/build.log"
+python3 -m flux_shmem.build --list 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
+  export FLUX_SHMEM_TEST_LOGDIR=$OUT
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@" 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
 fi

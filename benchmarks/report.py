@@ -94,7 +94,8 @@ def build_record(
     fused and GEMM-only rows, ``bus_gbps`` (collective bytes, nccl-tests bus
     convention) for fused and communication rows.  Metrics (fused ops):
     ``t_gemm`` = ours gemm_only (else cuBLAS), ``t_comm`` = ours comm only
-    (else NCCL), ``t_serial`` = NCCL+cuBLAS serial; per fused implementation
+    (else NCCL; 0 at world 1, so overlap_eff is None and best is 1),
+    ``t_serial`` = NCCL+cuBLAS serial; per fused implementation
     speedup = t_serial/t, overlap_eff = (t_serial - t)/t_comm, limit_attained
     = max(t_gemm, t_comm)/t; best_possible_speedup = (t_gemm+t_comm)/max(..).
     """
@@ -124,13 +125,13 @@ def build_record(
     if problem.is_fused:
         t_gemm, gsrc = _first(impls, ("ours_gemm", "cublas"))
         t_comm, csrc = _first(impls, ("ours_comm", "nccl"))
-        if problem.world == 1 and t_comm is None:
+        if problem.world == 1:  # nothing to communicate: the collectives are local copies
             t_comm, csrc = 0.0, "none (world 1)"
         t_serial = _ok_ms(impls, "serial")
         m.update(t_gemm_ms=t_gemm, t_gemm_source=gsrc, t_comm_ms=t_comm, t_comm_source=csrc, t_serial_ms=t_serial)
         m["speedup"], m["overlap_eff"], m["limit_attained"] = {}, {}, {}
         best = None
-        if t_gemm is not None and t_comm is not None:
+        if t_gemm is not None and t_comm is not None and max(t_gemm, t_comm) > 0:
             best = metrics.best_possible_speedup(t_gemm, t_comm)
         m["best_possible_speedup"] = best
         for name in OVERLAP_IMPLS:
@@ -139,9 +140,9 @@ def build_record(
                 continue
             if t_serial is not None:
                 m["speedup"][name] = metrics.speedup(t_serial, t)
-                if t_comm is not None:
+                if t_comm is not None:  # None when t_comm == 0 (world 1)
                     m["overlap_eff"][name] = metrics.overlap_efficiency(t_serial, t, t_comm)
-            if t_gemm is not None and t_comm is not None:
+            if t_gemm is not None and t_comm is not None and max(t_gemm, t_comm) > 0:
                 m["limit_attained"][name] = metrics.limit_attained(t_gemm, t_comm, t)
         if hw is not None and t_gemm is not None:
             pred = _model.predict(

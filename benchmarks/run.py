@@ -310,7 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     header = (f"flux_shmem overlap benchmarks | world {world} ({num_nodes} node(s), {local_size} GPU(s)/node) | "
               f"{config['device']} | {args.dtype} | iters {args.iters} warmup {args.warmup} | "
               f"force_put {'on' if args.force_put else 'off'} | commit {config['commit']}")
-    say(header)
+    say(f"{PROG}: {len(problems)} configuration(s) on {world} rank(s): {header.split(' | ', 1)[1]}")
 
     suite = Suite(comm=comm, rank=rank, world=world, local_rank=device, flux=flux, flux_error=flux_error,
                   dtype=args.dtype, iters=args.iters, warmup=args.warmup, rotate=args.rotate, seed=args.seed,

@@ -151,6 +151,8 @@ struct RsArgs {
   int tile_m, tiles_n;         // GEMM tile height and N-tile count (counter target = epoch * tiles_n)
   int unit_rows;               // divides tile_m
   int node_size;
+  int max_tiles_m;             // length of rows_ready (the op's largest M)
+  int pad_;
 };
 
 namespace fs {
@@ -236,6 +238,12 @@ __device__ void reduce_scatter(const RsArgs& a) {
   T* out = reinterpret_cast<T*>(a.out);
   const T* bias = reinterpret_cast<const T*>(a.bias);
   bool used_put = false;
+  if (blockIdx.x == 0) {
+    // Counters of M-tiles beyond this call's M get their tiles_n increments too, so every counter stays at
+    // epoch * tiles_n and a later call with a larger M waits for the right value.
+    for (int i = int((a.m + a.tile_m - 1) / a.tile_m) + threadIdx.x; i < a.max_tiles_m; i += blockDim.x)
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.rows_ready + i), (unsigned long long)a.tiles_n);
+  }
   if (a.src != nullptr) {
     // Standalone: copy my input into my symmetric addend, but only once my node's PEs have arrived in this
     // epoch (they no longer read the previous call's addend). Each copied row block counts as one tile.

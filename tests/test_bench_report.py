@@ -80,6 +80,18 @@ def test_fallback_sources_and_failed_check():
     assert "FAIL" in table and "unavailable: AttributeError" in table and "error: RuntimeError" in table
 
 
+def test_world_one_has_no_communication_to_hide():
+    p, impls = synthetic_fused(world=1)
+    rec = report.build_record(p, impls, hw=model.Hardware(gpus_per_node=1))
+    m = rec["metrics"]
+    assert m["t_comm_ms"] == 0.0 and m["t_comm_source"] == "none (world 1)"
+    assert m["overlap_eff"]["ours"] is None
+    assert m["best_possible_speedup"] == pytest.approx(1.0)
+    assert m["limit_attained"]["ours"] == pytest.approx(7.0 / 7.5)
+    assert m["speedup"]["ours"] == pytest.approx(10.0 / 7.5)
+    report.format_table([rec])  # renders with the missing values
+
+
 def test_comm_record_and_skipped():
     p = Problem("all_gather", "gpt3-175b", 16384, 49152, 12288, 8)
     rec = report.build_record(p, {"ours": ok(1.0, 0.0, 0.0), "nccl": ok(1.25, 0.0, 0.0)}, hw=model.Hardware())

@@ -16,8 +16,13 @@ pytestmark = pytest.mark.gpu
 
 def launch(np_: int, *groups: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "flux_shmem.launch", "-n", str(np_), "--", sys.executable, str(CHECKS), *groups]
-    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
+    logdir = os.environ.get("FLUX_SHMEM_TEST_LOGDIR")  # full logs of each launch (device runs)
+    if logdir:
+        with open(Path(logdir, "launches.log"), "a") as f:
+            f.write(f"===== np={np_} groups={groups} env={env} rc={proc.returncode}\n{proc.stdout}{proc.stderr}\n")
+    return proc
 
 
 def assert_checks_passed(proc: subprocess.CompletedProcess, groups_expected: int) -> None:

@@ -43,7 +43,7 @@ class RsArgs(ctypes.Structure):
     _fields_ = [("ctx", Ctx), ("src", c_ptr), ("partial", c_ptr), ("stage", c_ptr), ("recv", c_ptr), ("recv_sig", c_ptr),
                 ("out", c_ptr), ("bias", c_ptr), ("rows_ready", c_ptr), ("bar", c_ptr), ("epoch", c_ptr),
                 ("m", c_i64), ("n", c_i64), ("rows_per_shard", c_i64), ("tile_m", c_i32), ("tiles_n", c_i32),
-                ("unit_rows", c_i32), ("node_size", c_i32)]
+                ("unit_rows", c_i32), ("node_size", c_i32), ("max_tiles_m", c_i32), ("pad_", c_i32)]
 
 
 # Error sites (fs::Site) for messages.

@@ -59,11 +59,21 @@ class Kernel:
             raise BuildError(f"kernel {name!r} not found in family {module.family!r}: {e}") from e
         driver = _driver()
         self._handle = driver.CUkernel(int(self._k.handle))
-        count = _check(driver.cuKernelGetParamCount(self._handle), f"cuKernelGetParamCount({name})")
-        if count != 1:
-            raise BuildError(f"kernel {name} takes {count} parameters; flux_shmem kernels take one struct")
-        _, self.param_size = _check(driver.cuKernelGetParamInfo(self._handle, 0), f"cuKernelGetParamInfo({name})")
+        self.param_size = self._param_size(driver, name)
         self._smem_set = 0
+
+    def _param_size(self, driver, name: str) -> int | None:
+        """Size of the single parameter, or None where the driver cannot tell (cuKernelGetParamInfo: CUDA 12.4+)."""
+        try:
+            _, size = _check(driver.cuKernelGetParamInfo(self._handle, 0), f"cuKernelGetParamInfo({name})")
+            second = driver.cuKernelGetParamInfo(self._handle, 1)[0]
+        except RuntimeError as e:
+            if "not found" in str(e):
+                return None
+            raise
+        if second == driver.CUresult.CUDA_SUCCESS:
+            raise BuildError(f"kernel {name} takes several parameters; flux_shmem kernels take one struct")
+        return size
 
     def _set_smem(self, smem: int) -> None:
         if smem > 48 * 1024 and smem > self._smem_set:
@@ -79,7 +89,7 @@ class Kernel:
         """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter."""
         import torch
         blob = bytes(args) if not isinstance(args, (bytes, bytearray)) else bytes(args)
-        if len(blob) != self.param_size:
+        if self.param_size is not None and len(blob) != self.param_size:
             raise BuildError(f"{self.name}: argument block is {len(blob)} bytes, the cubin expects "
                              f"{self.param_size}: the Python mirror of the C struct is out of date")
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))

@@ -57,7 +57,7 @@ class ReduceEngine:
                           bias=bias.data_ptr() if bias is not None else 0, rows_ready=self.rows_ready.data_ptr(),
                           bar=self.sync.bar.data_ptr(), epoch=self.sync.epoch.data_ptr(), m=rows, n=self.cols,
                           rows_per_shard=rows // W, tile_m=self.tile_m, tiles_n=tiles_n, unit_rows=self.unit_rows,
-                          node_size=self.rt.node_size)
+                          node_size=self.rt.node_size, max_tiles_m=self.rows_ready.numel())
         self._kernel.launch(args, self.comm_blocks, 512, stream=stream)
 
 

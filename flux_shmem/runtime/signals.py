@@ -7,6 +7,7 @@ appears, even while the CUDA context is dead after a trap.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import sys
 import threading
@@ -32,6 +33,7 @@ class ErrorChannel:
         self._reported = False
         self._thread = threading.Thread(target=self._watch, name="flux_shmem-watchdog", daemon=True)
         self._thread.start()
+        atexit.register(self._report)  # a process dying right after a trap still says why
 
     def ctx(self, rt: Runtime) -> abi.Ctx:
         return abi.Ctx(err=self.slot.data_ptr(), timeout_ns=int(rt.timeout_s * 1e9), my_pe=rt.rank,
@@ -48,12 +50,16 @@ class ErrorChannel:
                 f"{rec.thread}). A peer did not arrive or stopped early: check every PE made the same calls; "
                 "raise FLUX_SHMEM_TIMEOUT_S if the wait was legitimately long.")
 
+    def _report(self) -> bool:
+        rec = self.read()
+        if rec is not None and not self._reported:
+            self._reported = True
+            print(self.message(rec), file=sys.stderr, flush=True)
+        return rec is not None
+
     def _watch(self) -> None:
         while not self._stop.wait(0.25):
-            rec = self.read()
-            if rec is not None and not self._reported:
-                self._reported = True
-                print(self.message(rec), file=sys.stderr, flush=True)
+            if self._report():
                 return
 
     def close(self) -> None:
