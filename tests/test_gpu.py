@@ -37,6 +37,15 @@ def test_runtime_and_collectives(np_):
     assert_checks_passed(launch(np_, "runtime", "collectives"), 10)
 
 
+@pytest.mark.parametrize("np_", [1, 2])
+def test_fused_gemms(np_):
+    assert_checks_passed(launch(np_, "gemm"), 4)
+
+
+def test_fused_gemms_forced_put():
+    assert_checks_passed(launch(2, "gemm", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 4)
+
+
 def test_forced_put_path():
     """Every peer through NVSHMEM put/signal: the inter-node code path, on one node."""
     assert_checks_passed(launch(2, "collectives", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 4)

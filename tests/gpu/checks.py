@@ -249,6 +249,149 @@ def op_argument_errors(rt):
 
 
 # ------------------------------------------------------------------------------------------------------------
+GEMM_SHAPES = [  # (m, n, k): tile-aligned, ragged in every dimension, M smaller than one tile per PE
+    (1024, 512, 256), (1000, 264, 200), (256, 128, 64), (2 * 8, 72, 24), (4096, 1024, 512)]
+
+
+def weight(k, n, layout, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if layout == "kn":
+        return torch.randn((k, n), generator=g, device="cuda").to(dtype) / k ** 0.5
+    return (torch.randn((n, k), generator=g, device="cuda").to(dtype) / k ** 0.5).t()  # a transposed weight
+
+
+@check("gemm")
+def gemm_only_matches_torch(rt):
+    for dtype in (torch.bfloat16, torch.float16):
+        for m, n, k in GEMM_SHAPES:
+            for layout in ("kn", "nk"):
+                op = flux_shmem.AllGatherGEMM(m * rt.world_size, n, k, dtype)
+                a = torch.randn((m, k), device="cuda").to(dtype)
+                b = weight(k, n, layout, dtype, m + n + k)
+                bias = torch.randn(n, device="cuda").to(dtype)
+                out = op.gemm_only(a, b, bias)
+                ref = a.double() @ b.double() + bias.double()
+                e = rel_err(out, ref)
+                assert e < 1e-2, f"gemm_only {dtype} {layout} {m}x{n}x{k}: rel err {e}"
+                rs = flux_shmem.GEMMReduceScatter(m * rt.world_size, n, k, dtype)
+                e2 = rel_err(rs.gemm_only(a, b), a.double() @ b.double())
+                assert e2 < 1e-2, f"gemm_rs gemm_only {dtype} {layout} {m}x{n}x{k}: rel err {e2}"
+
+
+@check("gemm")
+def ag_gemm_matches_torch(rt):
+    W = rt.world_size
+    for mode in ("fused", "decomposed"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for ms, n, k in ((512, 512, 256), (100, 264, 200), (8, 72, 24), (1024, 1024, 512)):
+                op = flux_shmem.AllGatherGEMM(ms * W, n, k, dtype, mode=mode)
+                for seed, layout in ((1, "kn"), (2, "nk")):
+                    a_all = gathered_inputs(rt, (ms, k), dtype, seed + 10 * ms)
+                    b = weight(k, n, layout, dtype, seed)
+                    bias = torch.randn(n, device="cuda").to(dtype) if seed == 2 else None
+                    out, gathered = op(a_all[rt.rank], b, bias, return_gathered=True)
+                    a_full = torch.cat(a_all)
+                    ref = a_full.double() @ b.double() + (bias.double() if bias is not None else 0)
+                    e = rel_err(out, ref)
+                    assert e < 1e-2, f"AllGatherGEMM {mode} {dtype} {layout} ms={ms} n={n} k={k}: rel err {e}"
+                    assert torch.equal(gathered, a_full), "gathered A differs"
+                flux_shmem.barrier()
+    # back to back, then the same op captured in a CUDA graph
+    op = flux_shmem.AllGatherGEMM(256 * W, 256, 128, torch.bfloat16, mode="fused")
+    b = weight(128, 256, "kn", torch.bfloat16, 7)
+    res = []
+    for seed in range(30, 34):
+        a_all = gathered_inputs(rt, (256, 128), torch.bfloat16, seed)
+        res.append((op(a_all[rt.rank], b), torch.cat(a_all).double() @ b.double()))
+    assert max(rel_err(o, r) for o, r in res) < 1e-2, "back-to-back AllGatherGEMM calls wrong"
+    a = torch.empty((256, 128), device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op(a, b)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = op(a, b)
+    for seed in range(40, 43):
+        a_all = gathered_inputs(rt, (256, 128), torch.bfloat16, seed)
+        a.copy_(a_all[rt.rank])
+        g.replay()
+        torch.cuda.synchronize()
+        e = rel_err(out, torch.cat(a_all).double() @ b.double())
+        assert e < 1e-2, f"graph replay of AllGatherGEMM: rel err {e}"
+
+
+@check("gemm")
+def gemm_rs_matches_torch(rt):
+    W = rt.world_size
+    for mode in ("fused", "decomposed"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for m, n, k in ((512 * W, 512, 256), (100 * W, 264, 200), (8 * W, 72, 24), (1024 * W, 1024, 512)):
+                op = flux_shmem.GEMMReduceScatter(m, n, k, dtype, mode=mode)
+                for seed, layout in ((3, "kn"), (4, "nk")):
+                    a_all = gathered_inputs(rt, (m, k), dtype, seed + m)
+                    bs = [weight(k, n, layout, dtype, 100 * seed + pe) for pe in range(W)]
+                    bias = torch.randn(n, device="cuda").to(dtype) if seed == 4 else None
+                    out = op(a_all[rt.rank], bs[rt.rank], bias)
+                    full = sum(a.double() @ b.double() for a, b in zip(a_all, bs))
+                    seg = m // W
+                    ref = full[rt.rank * seg:(rt.rank + 1) * seg] + (bias.double() if bias is not None else 0)
+                    e = rel_err(out, ref)
+                    assert out.shape == (seg, n) and e < 2e-2, \
+                        f"GEMMReduceScatter {mode} {dtype} {layout} {m}x{n}x{k}: rel err {e}"
+                flux_shmem.barrier()
+    op = flux_shmem.GEMMReduceScatter(256 * W, 256, 128, torch.bfloat16, mode="fused")
+    a = torch.empty((256 * W, 128), device="cuda", dtype=torch.bfloat16)
+    b = weight(128, 256, "nk", torch.bfloat16, 5 + rt.rank)
+    bs = [weight(128, 256, "nk", torch.bfloat16, 5 + pe) for pe in range(W)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op(a, b)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = op(a, b)
+    for seed in range(50, 53):
+        a_all = gathered_inputs(rt, (256 * W, 128), torch.bfloat16, seed)
+        a.copy_(a_all[rt.rank])
+        g.replay()
+        torch.cuda.synchronize()
+        full = sum(x.double() @ y.double() for x, y in zip(a_all, bs))
+        e = rel_err(out, full[rt.rank * 256:(rt.rank + 1) * 256])
+        assert e < 2e-2, f"graph replay of GEMMReduceScatter: rel err {e}"
+
+
+@check("gemm")
+def gemm_argument_errors(rt):
+    W = rt.world_size
+    bad = [
+        (lambda: flux_shmem.AllGatherGEMM(128 * W, 64, 60), ValueError, "multiple of 8"),
+        (lambda: flux_shmem.GEMMReduceScatter(128 * W, 60, 64), ValueError, "multiple of 8"),
+        (lambda: flux_shmem.AllGatherGEMM(128 * W + (1 if W > 1 else 0), 64, 64, mode="x"), ValueError, ""),
+    ]
+    op = flux_shmem.AllGatherGEMM(128 * W, 64, 64)
+    a = torch.randn((128, 64), device="cuda").to(torch.bfloat16)
+    b = torch.randn((64, 64), device="cuda").to(torch.bfloat16)
+    bad += [
+        (lambda: op(a, b.to(torch.float16)), TypeError, "float16"),
+        (lambda: op(a[:, :32].contiguous(), b), ValueError, "columns"),
+        (lambda: op(torch.cat([a, a]), b), ValueError, "up to"),
+        (lambda: op(a, b[:, :32]), ValueError, "shape"),
+    ]
+    for fn, exc, word in bad:
+        try:
+            fn()
+        except exc as e:
+            assert word in str(e), f"message {e!r} lacks {word!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for a bad call ({word})")
+
+
+# ------------------------------------------------------------------------------------------------------------
 @check("timeout_raise")
 def timeout_raise(rt):
     assert not rt.trap_on_timeout, "run with FLUX_SHMEM_ON_TIMEOUT=raise"
@@ -278,7 +421,7 @@ def timeout_trap(rt):
 def main(argv: list[str]) -> int:
     groups = argv or ["all"]
     if groups == ["all"]:
-        groups = ["runtime", "collectives"]
+        groups = ["runtime", "collectives", "gemm"]
     rt = flux_shmem.init()
     failures = 0
     for g in groups:

@@ -1,0 +1,133 @@
+"""GEMMReduceScatter: out = reduce_scatter(a @ b, dim=0), the reduction hidden behind the GEMM.
+
+The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symmetric buffer and counts finished
+tiles per M-tile; the reduce-scatter engine (csrc/collectives.cu), started first on a side stream with a few SMs,
+sums each segment's rows as soon as every PE of the node has finished them (NVLink loads), and across nodes sends
+node partials by put-with-signal. Tiles are computed remote segments first, own segment last.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import abi, gemm as kgemm
+from ..kernels.module import load
+from ..runtime import signals, symmetric
+from ..runtime.bootstrap import get_runtime
+from ._schedule import m_tile_order, rs_segment_order
+from ._validate import check_dtype, positive
+from .ag_gemm import MODES, check_k_n, check_operands
+from .reduce_scatter import ReduceEngine, default_unit_rows
+
+
+class GEMMReduceScatter:
+    """out[m / world, n] = rows [r*m/world, (r+1)*m/world) of sum over PEs of a[m, k] @ b[k, n] (+ bias[n] once).
+
+    `k` is this PE's share of the reduction dimension (K / world in tensor parallelism). Built once per
+    (max_m, n, k, dtype) (collective), called on torch's current stream. b may be row-major [k, n] or a
+    transposed [n, k] weight. mode: 'fused', 'decomposed' (GEMM on all SMs, then the reduce-scatter) or 'auto'
+    (fused unless the GEMM is too small to hide anything; the choice shows in repr).
+    """
+
+    def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
+                 unit_rows: int | None = None, comm_blocks: int = 16):
+        rt = self.rt = get_runtime()
+        W = rt.world_size
+        self.max_m, self.n, self.k = positive("max_m", max_m), positive("n", n), positive("k", k)
+        check_dtype("GEMMReduceScatter", dtype)
+        check_k_n("GEMMReduceScatter", k, n)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if max_m % W:
+            raise ValueError(f"max_m = {max_m} must be a multiple of the world size {W}")
+        self.dtype, self.mode = dtype, mode
+        self._gemms = {lay: kgemm.CutlassGemm("gemm_rs", dtype, lay) for lay in kgemm.B_LAYOUTS}
+        self.tile_m, self.tile_n = self._gemms["kn"].tile_shape
+        elem = torch.empty((), dtype=dtype).element_size()
+        unit_rows = positive("unit_rows", unit_rows) if unit_rows is not None else \
+            default_unit_rows(n, elem, self.tile_m)
+        symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks)",
+                        (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks))
+        self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
+                                   comm_blocks=positive("comm_blocks", comm_blocks))
+        self.sms = torch.cuda.get_device_properties(rt.device).multi_processor_count
+        cl = self._gemms["kn"].cluster_shape[0]
+        self.gemm_sms = max(cl, (self.sms - comm_blocks) // cl * cl)
+        self.comm_stream = torch.cuda.Stream(device=rt.device)
+        self._orders: dict[int, torch.Tensor] = {}
+        self._barrier = load("collectives").kernel("fs_barrier")
+
+    def __repr__(self) -> str:
+        return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
+                f"mode={self.mode}, world={self.rt.world_size}, node_size={self.rt.node_size}, "
+                f"tile={self.tile_m}x{self.tile_n}, unit_rows={self.engine.unit_rows}, gemm_sms={self.gemm_sms}, "
+                f"comm_blocks={self.engine.comm_blocks})")
+
+    def path(self, m: int) -> str:
+        """'fused' or 'decomposed': what a call with M = m runs."""
+        if self.mode != "auto":
+            return self.mode
+        tiles = -(-m // self.tile_m) * -(-self.n // self.tile_n)
+        return "fused" if self.rt.world_size > 1 and tiles >= 2 * self.sms else "decomposed"
+
+    def _order(self, m: int) -> torch.Tensor:
+        if m not in self._orders:
+            rt = self.rt
+            order = m_tile_order(rs_segment_order(rt.rank, rt.world_size, rt.node_size), m, m // rt.world_size,
+                                 self.tile_m)
+            self._orders[m] = torch.tensor(order, dtype=torch.int32, device=f"cuda:{rt.device}")
+        return self._orders[m]
+
+    def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
+              wait_group: bool, sm_count: int, order: torch.Tensor | None) -> None:
+        rt, eng = self.rt, self.engine
+        L = rt.node_size
+        args = kgemm.FsGemmRsArgs(
+            m=m, n=self.n, k=self.k, a=a.data_ptr(), b=b.data_ptr(), d=d_ptr,
+            bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
+            rows_ready=eng.rows_ready.data_ptr() if counters else 0, bar=eng.sync.bar.data_ptr(),
+            group_first=(rt.rank // L) * L, group_size=L if wait_group else 0, epoch=eng.sync.epoch.data_ptr(),
+            m_tile_order=order.data_ptr() if order is not None else 0, ctx=signals.ctx())
+        self._gemms[layout].launch(args)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        signals.check_errors()
+        rt, eng = self.rt, self.engine
+        layout = check_operands("GEMMReduceScatter", rt, a, b, None, self.dtype, self.k, self.n)
+        if bias is not None:
+            check_operands("GEMMReduceScatter", rt, a, b, bias, self.dtype, self.k, self.n)
+        m = a.shape[0]
+        if not 0 < m <= self.max_m or m % rt.world_size:
+            raise ValueError(f"a has {m} rows; this op takes M a multiple of the world size {rt.world_size}, up "
+                             f"to {self.max_m}")
+        out = torch.empty((m // rt.world_size, self.n), dtype=self.dtype, device=a.device)
+        tiles_n = -(-self.n // self.tile_n)
+        main = torch.cuda.current_stream()
+        if self.path(m) == "fused":
+            # The reduce engine starts first so it holds its SMs; the GEMM's first store waits for the node's
+            # arrivals (peers done reading the previous call's partials), which the engine sends.
+            self.comm_stream.wait_stream(main)
+            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream)
+            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
+                       sm_count=self.gemm_sms, order=self._order(m))
+            main.wait_stream(self.comm_stream)
+            out.record_stream(self.comm_stream)
+        else:
+            args = abi.BarrierArgs(ctx=signals.ctx(), bar=eng.sync.bar.data_ptr(), epoch=eng.sync.epoch.data_ptr(),
+                                   node_size=rt.node_size)
+            self._barrier.launch(args, 1, 32 * max(1, -(-rt.world_size // 32)))
+            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
+                       sm_count=self.sms, order=None)
+            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)
+        eng.sync.bump(main)
+        return out
+
+    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The same GEMM, all SMs, no communication, into a fresh [m, n] tensor: the honest baseline."""
+        layout = check_operands("GEMMReduceScatter.gemm_only", self.rt, a, b, bias, self.dtype, self.k, self.n)
+        m = a.shape[0]
+        if not 0 < m <= self.max_m:
+            raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
+        out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
+        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, wait_group=False, sm_count=self.sms,
+                   order=None)
+        return out

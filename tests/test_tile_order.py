@@ -1,0 +1,45 @@
+"""Tile orders of the fused GEMMs: every tile once, local data first for AG+GEMM, remote first for GEMM+RS."""
+import pytest
+
+from flux_shmem.ops._schedule import ag_segment_order, m_tile_order, rs_segment_order
+
+TOPOS = [(1, 1), (2, 2), (2, 1), (4, 2), (8, 8), (16, 8), (8, 1)]
+
+
+@pytest.mark.parametrize("world,L", TOPOS)
+def test_segment_orders_are_permutations(world, L):
+    for me in range(world):
+        ag, rs = ag_segment_order(me, world, L), rs_segment_order(me, world, L)
+        assert sorted(ag) == sorted(rs) == list(range(world))
+        assert ag[0] == me and rs[-1] == me
+        n = me // L
+        # AG: my node's segments before any other node's; RS: the other nodes' before mine
+        assert all(s // L == n for s in ag[:L]) and all(s // L != n for s in rs[: world - L])
+    # different PEs start with different remote targets (spread), when there is a choice
+    if world > 1:
+        firsts = {rs_segment_order(me, world, L)[0] for me in range(world)}
+        assert len(firsts) == world
+
+
+@pytest.mark.parametrize("m,ms,tm", [(1024, 256, 128), (1000, 250, 128), (300, 100, 128), (128, 128, 128),
+                                     (8192, 1024, 128), (100, 25, 128)])
+@pytest.mark.parametrize("world,L", TOPOS)
+def test_tile_order_covers_every_tile_once(m, ms, tm, world, L):
+    if m != ms * world:
+        m = ms * world
+    for me in range(world):
+        for seg_order in (ag_segment_order(me, world, L), rs_segment_order(me, world, L)):
+            order = m_tile_order(seg_order, m, ms, tm)
+            assert sorted(order) == list(range(-(-m // tm)))
+            # segment positions never decrease along the order
+            pos = {s: i for i, s in enumerate(seg_order)}
+            keys = [max(pos[s] for s in range(t * tm // ms, (min(m, (t + 1) * tm) - 1) // ms + 1)) for t in order]
+            assert keys == sorted(keys)
+
+
+def test_local_tiles_first():
+    order = m_tile_order(ag_segment_order(2, 4, 4), 1024, 256, 128)
+    assert order[:2] == [4, 5]  # PE 2's rows 512..767 come first
+    assert m_tile_order(rs_segment_order(2, 4, 4), 1024, 256, 128)[-2:] == [4, 5]
+    with pytest.raises(ValueError):
+        m_tile_order([0], 0, 1, 128)
