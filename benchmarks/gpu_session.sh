@@ -23,8 +23,13 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
+  # One GPU: our GEMM (gemm_only and the world-1 fused op) against cuBLAS on LLM shapes (target >= 0.95).
+  python3 benchmarks/run.py --ops ag_gemm,gemm_rs --iters 20 --warmup 5 --no-progress \
+    --shapes 8192x8192x8192,8192x28672x8192,16384x28672x8192,16384x8192x28672,8192x49152x12288,16384x12288x49152 \
+    --jsonl "$OUT/bench_w1.jsonl" 2>&1 | tee "$OUT/bench_w1.log"
+  # The README's main job: the quick overlap benchmark over every GPU (2 PEs share a GPU on a 1-GPU machine).
   n=$(python3 -c "import torch; print(max(2, torch.cuda.device_count()))")
-  python3 -m flux_shmem.launch -n "$n" -- python3 benchmarks/run.py --quick --jsonl "$OUT/bench.jsonl" \
-    --plot-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
+  python3 -m flux_shmem.launch -n "$n" -- python3 benchmarks/run.py --quick --no-progress \
+    --jsonl "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
 fi
 exit $rc
