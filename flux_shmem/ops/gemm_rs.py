@@ -12,14 +12,13 @@ import torch
 from ..kernels import abi, gemm as kgemm
 from ..kernels.module import load
 from ..runtime import signals, symmetric
-from ..runtime.bootstrap import get_runtime
-from ._schedule import m_tile_order, rs_segment_order
-from ._validate import check_dtype, positive
-from .ag_gemm import MODES, check_k_n, check_operands
+from ._fused import FusedGEMM
+from ._schedule import rs_segment_order
+from ._validate import positive
 from .reduce_scatter import ReduceEngine, default_unit_rows
 
 
-class GEMMReduceScatter:
+class GEMMReduceScatter(FusedGEMM):
     """out[m / world, n] = rows [r*m/world, (r+1)*m/world) of sum over PEs of a[m, k] @ b[k, n] (+ bias[n] once).
 
     `k` is this PE's share of the reduction dimension (K / world in tensor parallelism). Built once per
@@ -28,20 +27,13 @@ class GEMMReduceScatter:
     (fused unless the GEMM is too small to hide anything; the choice shows in repr).
     """
 
+    family = "gemm_rs"
+    segment_order = staticmethod(rs_segment_order)
+
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
                  unit_rows: int | None = None, comm_blocks: int = 16):
-        rt = self.rt = get_runtime()
-        W = rt.world_size
-        self.max_m, self.n, self.k = positive("max_m", max_m), positive("n", n), positive("k", k)
-        check_dtype("GEMMReduceScatter", dtype)
-        check_k_n("GEMMReduceScatter", k, n)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if max_m % W:
-            raise ValueError(f"max_m = {max_m} must be a multiple of the world size {W}")
-        self.dtype, self.mode = dtype, mode
-        self._gemms = {lay: kgemm.CutlassGemm("gemm_rs", dtype, lay) for lay in kgemm.B_LAYOUTS}
-        self.tile_m, self.tile_n = self._gemms["kn"].tile_shape
+        super().__init__(max_m, n, k, dtype, mode, comm_blocks)
+        rt = self.rt
         elem = torch.empty((), dtype=dtype).element_size()
         unit_rows = positive("unit_rows", unit_rows) if unit_rows is not None else \
             default_unit_rows(n, elem, self.tile_m)
@@ -49,33 +41,13 @@ class GEMMReduceScatter:
                         (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks))
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
                                    comm_blocks=positive("comm_blocks", comm_blocks))
-        self.sms = torch.cuda.get_device_properties(rt.device).multi_processor_count
-        cl = self._gemms["kn"].cluster_shape[0]
-        self.gemm_sms = max(cl, (self.sms - comm_blocks) // cl * cl)
-        self.comm_stream = torch.cuda.Stream(device=rt.device)
-        self._orders: dict[int, torch.Tensor] = {}
         self._barrier = load("collectives").kernel("fs_barrier")
 
     def __repr__(self) -> str:
         return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
                 f"mode={self.mode}, world={self.rt.world_size}, node_size={self.rt.node_size}, "
                 f"tile={self.tile_m}x{self.tile_n}, unit_rows={self.engine.unit_rows}, gemm_sms={self.gemm_sms}, "
-                f"comm_blocks={self.engine.comm_blocks})")
-
-    def path(self, m: int) -> str:
-        """'fused' or 'decomposed': what a call with M = m runs."""
-        if self.mode != "auto":
-            return self.mode
-        tiles = -(-m // self.tile_m) * -(-self.n // self.tile_n)
-        return "fused" if self.rt.world_size > 1 and tiles >= 2 * self.sms else "decomposed"
-
-    def _order(self, m: int) -> torch.Tensor:
-        if m not in self._orders:
-            rt = self.rt
-            order = m_tile_order(rs_segment_order(rt.rank, rt.world_size, rt.node_size), m, m // rt.world_size,
-                                 self.tile_m)
-            self._orders[m] = torch.tensor(order, dtype=torch.int32, device=f"cuda:{rt.device}")
-        return self._orders[m]
+                f"comm_blocks={self.engine.comm_blocks}, path at max_m: {self.path(self.max_m)})")
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
               wait_group: bool, sm_count: int, order: torch.Tensor | None) -> None:
@@ -92,9 +64,7 @@ class GEMMReduceScatter:
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         signals.check_errors()
         rt, eng = self.rt, self.engine
-        layout = check_operands("GEMMReduceScatter", rt, a, b, None, self.dtype, self.k, self.n)
-        if bias is not None:
-            check_operands("GEMMReduceScatter", rt, a, b, bias, self.dtype, self.k, self.n)
+        layout = self.check_operands(a, b, bias, "GEMMReduceScatter")
         m = a.shape[0]
         if not 0 < m <= self.max_m or m % rt.world_size:
             raise ValueError(f"a has {m} rows; this op takes M a multiple of the world size {rt.world_size}, up "
@@ -108,7 +78,7 @@ class GEMMReduceScatter:
             self.comm_stream.wait_stream(main)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
-                       sm_count=self.gemm_sms, order=self._order(m))
+                       sm_count=self.gemm_sms, order=self.order(m))
             main.wait_stream(self.comm_stream)
             out.record_stream(self.comm_stream)
         else:
@@ -123,7 +93,7 @@ class GEMMReduceScatter:
 
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The same GEMM, all SMs, no communication, into a fresh [m, n] tensor: the honest baseline."""
-        layout = check_operands("GEMMReduceScatter.gemm_only", self.rt, a, b, bias, self.dtype, self.k, self.n)
+        layout = self.check_operands(a, b, bias, "GEMMReduceScatter.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
