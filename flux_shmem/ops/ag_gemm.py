@@ -88,7 +88,6 @@ class AllGatherGEMM(FusedGEMM):
 
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The same GEMM on an already gathered a [m, k], all SMs, no communication: the honest baseline."""
-        rt = self.rt
         layout = self.check_operands(a, b, bias, "AllGatherGEMM.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
