@@ -1,0 +1,75 @@
+// GEMM + ReduceScatter: persistent CUTLASS sm90 GEMMs writing the local partial D whose epilogue, before its first
+// store, waits for the peers' arrival slots (the previous call's readers of D are done) and, after each tile's
+// stores have landed, raises rows_ready[m_tile] by one (release, system scope) for the reduce kernel.
+//
+// Kernels (one by-value parameter: the CUTLASS kernel's Params, filled by the host functions below):
+//   fs_gemm_rs_{bf16,fp16}_{kn,nk}   D[M,N] = A[M,K] x B + bias[N]; B "kn" = [K,N] row-major, "nk" = [N,K] row-major
+// Host library (FS_HOST_PASS): fs_gemm_rs_<dt>_<bl>_params / _params_size, fs_gemm_last_error, fs_gemm_tile_m/n,
+// fs_gemm_cluster_m/n, fs_abi_sizeof / fs_abi_offsetof.
+#include "flux_shmem/gemm_ext.cuh"
+
+namespace fs {
+namespace gemm {
+using RsBf16Kn = GemmConfig<cutlass::bfloat16_t, false, Identity, RsEpilogue>;
+using RsBf16Nk = GemmConfig<cutlass::bfloat16_t, true, Identity, RsEpilogue>;
+using RsFp16Kn = GemmConfig<cutlass::half_t, false, Identity, RsEpilogue>;
+using RsFp16Nk = GemmConfig<cutlass::half_t, true, Identity, RsEpilogue>;
+using RsBf16KnKernel = RsBf16Kn::Kernel;
+using RsBf16NkKernel = RsBf16Nk::Kernel;
+using RsFp16KnKernel = RsFp16Kn::Kernel;
+using RsFp16NkKernel = RsFp16Nk::Kernel;
+}  // namespace gemm
+}  // namespace fs
+
+FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_bf16_kn, fs::gemm::RsBf16KnKernel)
+FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_bf16_nk, fs::gemm::RsBf16NkKernel)
+FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_fp16_kn, fs::gemm::RsFp16KnKernel)
+FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_fp16_nk, fs::gemm::RsFp16NkKernel)
+
+#if defined(FS_HOST_PASS)
+namespace fs {
+namespace gemm {
+namespace host {
+
+template <class Cfg>
+int rs_params(const char* kname, const FsGemmRsArgs* a, void* params_out, size_t params_cap, FsLaunch* launch) {
+  if (a == nullptr) return fail(kErrArgs, std::string(kname) + ": null args");
+  int rc = check_problem(kname, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count,
+                         sizeof(typename Cfg::ElementA));
+  if (rc != kOk) return rc;
+  if (a->rows_ready != nullptr) {
+    if (a->epoch == nullptr) return fail(kErrArgs, std::string(kname) + ": rows_ready needs epoch");
+    if (a->group_first < 0 || a->group_size < 0 || (a->group_size > 0 && a->bar == nullptr)) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s: bad peer group: bar=%p group_first=%d group_size=%d", kname,
+                    static_cast<const void*>(a->bar), a->group_first, a->group_size);
+      return fail(kErrArgs, buf);
+    }
+  }
+  typename Cfg::Kernel::Arguments args{};
+  fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order);
+  args.epilogue.rows_ready = a->rows_ready;
+  args.epilogue.bar = a->bar;
+  args.epilogue.group_first = a->group_first;
+  args.epilogue.group_size = a->group_size;
+  args.epilogue.epoch = a->epoch;
+  args.epilogue.ctx = to_ctx(a->ctx);
+  return finish_params<typename Cfg::Kernel>(kname, args, params_out, params_cap, launch);
+}
+
+}  // namespace host
+}  // namespace gemm
+}  // namespace fs
+
+#define FS_RS_HOST(dt, bl, Cfg)                                                                            \
+  extern "C" int fs_gemm_rs_##dt##_##bl##_params(const FsGemmRsArgs* a, void* params_out, size_t params_cap, \
+                                                 FsLaunch* launch) {                                        \
+    return fs::gemm::host::rs_params<Cfg>("fs_gemm_rs_" #dt "_" #bl, a, params_out, params_cap, launch);     \
+  }                                                                                                         \
+  extern "C" size_t fs_gemm_rs_##dt##_##bl##_params_size() { return sizeof(Cfg::Kernel::Params); }
+
+FS_RS_HOST(bf16, kn, fs::gemm::RsBf16Kn)
+FS_RS_HOST(bf16, nk, fs::gemm::RsBf16Nk)
+FS_RS_HOST(fp16, kn, fs::gemm::RsFp16Kn)
+FS_RS_HOST(fp16, nk, fs::gemm::RsFp16Nk)
+#endif  // FS_HOST_PASS

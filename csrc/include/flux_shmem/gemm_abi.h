@@ -1,0 +1,76 @@
+/* C ABI of the CUTLASS GEMM families (ag_gemm, gemm_rs): argument structs read by the host libraries'
+ * `fs_<family>_<dt>_<bl>_params` functions and the launch geometry they return.
+ *
+ * Plain C, fixed-width types, explicit padding: mirrored field by field with ctypes in
+ * flux_shmem/kernels/gemm.py; tests/test_gemm_build.py compares every size and offset with
+ * fs_abi_sizeof() / fs_abi_offsetof() exported by the host libraries, so the mirrors cannot drift.
+ */
+#ifndef FLUX_SHMEM_GEMM_ABI_H
+#define FLUX_SHMEM_GEMM_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* C twin of fs::Ctx (signal.cuh): same fields, same layout (static_asserts in gemm_ext.cuh). */
+typedef struct FsCtx {
+  void* err;              /* fs::ErrorSlot* (device memory: claim word + pointer to the pinned ErrorRecord), or NULL */
+  uint64_t timeout_ns;    /* bound of every signal wait */
+  int32_t my_pe;
+  int32_t n_pes;
+  int32_t trap_on_timeout;
+  int32_t pad_;
+} FsCtx;
+
+/* Launch geometry of one GEMM: block is always (384, 1, 1), grid.x is a multiple of cluster.x. */
+typedef struct FsLaunch {
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t cluster[3];
+  uint32_t smem_bytes;    /* dynamic shared memory */
+} FsLaunch;
+
+/* AllGather + GEMM: D[M,N] = A[M,K] (the gather buffer) x B + bias[N]. */
+typedef struct FsAgGemmArgs {
+  int64_t m, n, k;
+  const void* a;                 /* [M, K] row-major */
+  const void* b;                 /* "kn": [K, N] row-major; "nk": [N, K] row-major */
+  void* d;                       /* [M, N] row-major */
+  const void* bias;              /* [N] or NULL */
+  int32_t sm_count;              /* persistent CTAs (> 0) */
+  int32_t device_id;
+  const uint64_t* chunk_flags;   /* [shards * chunks_per_shard], ready when >= *epoch */
+  const uint64_t* epoch;         /* device word: the value every chunk flag must reach */
+  int32_t rows_per_shard;        /* Ms */
+  int32_t chunk_rows;
+  int32_t chunks_per_shard;      /* must equal ceil(Ms / chunk_rows) when wait != 0 */
+  int32_t wait;                  /* 0: plain GEMM (no flag reads) */
+  const int32_t* m_tile_order;   /* [tiles_m] permutation of M-tiles, or NULL (identity) */
+  FsCtx ctx;
+} FsAgGemmArgs;
+
+/* GEMM + ReduceScatter: D[M,N] (local partial) = A[M,K] x B + bias[N]; signals rows_ready per M-tile. */
+typedef struct FsGemmRsArgs {
+  int64_t m, n, k;
+  const void* a;
+  const void* b;
+  void* d;
+  const void* bias;              /* [N] or NULL */
+  int32_t sm_count;
+  int32_t device_id;
+  uint64_t* rows_ready;          /* [tiles_m] counters (+1 per finished tile), or NULL (plain GEMM) */
+  const uint64_t* bar;           /* arrival slots; the first store waits bar[q] >= *epoch for q in the group */
+  int32_t group_first;
+  int32_t group_size;
+  const uint64_t* epoch;
+  const int32_t* m_tile_order;   /* [tiles_m] permutation of M-tiles, or NULL (identity) */
+  FsCtx ctx;
+} FsGemmRsArgs;
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* FLUX_SHMEM_GEMM_ABI_H */

@@ -1,0 +1,280 @@
+"""CUTLASS GEMM families (ag_gemm, gemm_rs) on the CPU: they compile (cubin + host library), the host library loads
+without a GPU and exports every function, the ctypes mirrors match the C ABI field by field, the cubins hold wgmma
+(HGMMA) code, argument errors are reported, and the tile -> all-gather chunk arithmetic matches a Python reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from flux_shmem.errors import FluxShmemError
+from flux_shmem.kernels import build as kb
+from flux_shmem.kernels import gemm as kg
+
+FAMILIES = ("ag_gemm", "gemm_rs")
+KERNELS = {fam: [f"fs_{fam}_{dt}_{bl}" for dt in ("bf16", "fp16") for bl in ("kn", "nk")] for fam in FAMILIES}
+COMMON_SYMBOLS = ("fs_gemm_last_error", "fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_cluster_m",
+                  "fs_gemm_cluster_n", "fs_gemm_swizzle", "fs_abi_sizeof", "fs_abi_offsetof")
+ROOT = Path(__file__).resolve().parents[1]
+
+# Building both families from scratch takes several minutes on a 2-core machine.
+pytestmark = pytest.mark.timeout(3600)
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    """Both families built once for this module (a cache hit when already built in this session's cache)."""
+    return {fam: kb.build(fam, "90a") for fam in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def libs(artifacts):
+    return {fam: ctypes.CDLL(str(art.host_lib)) for fam, art in artifacts.items()}
+
+
+def _cuobjdump() -> str | None:
+    """A cuobjdump that can disassemble (it needs nvdisasm beside it or on PATH), or None."""
+    cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    cands += [str(p) for p in purelib.glob("nvidia/cu*/bin/cuobjdump")]
+    for c in cands:
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+def _tool_env(tool: str) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(tool).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def test_cubins_and_host_libs_built(artifacts):
+    for fam, art in artifacts.items():
+        data = art.cubin.read_bytes()
+        assert data[:4] == b"\x7fELF", fam
+        for name in KERNELS[fam]:
+            assert name.encode() in data, (fam, name)
+        assert art.host_lib is not None and art.host_lib.exists(), fam
+        assert not kb.uses_nvshmem(fam)  # GEMM kernels only use plain loads/stores on signal words
+
+
+def test_host_lib_loads_and_exports(libs, artifacts):
+    for fam, lib in libs.items():
+        for name in KERNELS[fam]:
+            assert hasattr(lib, name + "_params"), name
+            assert hasattr(lib, name + "_params_size"), name
+        for sym in COMMON_SYMBOLS:
+            assert hasattr(lib, sym), (fam, sym)
+        # No dynamic CUDA dependency: the library loads on machines without a driver or toolkit.
+        ldd = shutil.which("ldd")
+        if ldd:
+            out = subprocess.run([ldd, str(artifacts[fam].host_lib)], capture_output=True, text=True).stdout
+            assert "libcuda" not in out and "libcudart" not in out, out
+
+
+def test_abi_mirrors_match(libs):
+    for lib in libs.values():
+        kg.check_abi(lib)  # raises on any size or offset mismatch
+        for name, st in kg.ABI_STRUCTS.items():
+            assert lib.fs_abi_sizeof(name.encode()) == ctypes.sizeof(st)
+    assert ctypes.sizeof(kg.FsLaunch) == 40
+    assert ctypes.sizeof(kg.FsCtx) == 32
+    assert ctypes.sizeof(kg.FsAgGemmArgs) == 136 and ctypes.sizeof(kg.FsGemmRsArgs) == 136
+
+
+def test_tile_shape_and_param_sizes(libs, monkeypatch):
+    monkeypatch.delenv("FLUX_SHMEM_GEMM_SWIZZLE", raising=False)
+    for fam, lib in libs.items():
+        sizes = set()
+        for dt in ("bf16", "fp16"):
+            for bl in ("kn", "nk"):
+                h = kg.GemmHost(lib, fam, dt, bl)
+                assert h.tile_shape == (128, 256)
+                assert h.cluster_shape in ((1, 1), (2, 1), (1, 2))
+                assert 0 < h.params_size <= 4096  # fits the classic 4 KB kernel parameter limit
+                assert h.tiles(1000, 4096) == (8, 16)
+                assert h.swizzle(8192, 8192) == 1 and h.swizzle(8192, 53248) == 4
+                monkeypatch.setenv("FLUX_SHMEM_GEMM_SWIZZLE", "2")
+                assert h.swizzle(8192, 8192) == 2
+                monkeypatch.delenv("FLUX_SHMEM_GEMM_SWIZZLE")
+                sizes.add(h.params_size)
+        assert len(sizes) >= 1
+
+
+def test_param_sizes_match_cubin(artifacts, libs):
+    """Each kernel's single parameter, as declared in the cubin, is exactly the host library's params_size."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump here (pip install nvidia-cuda-cuobjdump for CUDA 13)")
+    for fam, art in artifacts.items():
+        proc = subprocess.run([tool, "-elf", str(art.cubin)], capture_output=True, text=True, env=_tool_env(tool))
+        if proc.returncode != 0:
+            pytest.skip(f"cuobjdump -elf failed: {proc.stderr.strip()[:200]}")
+        # Each `.nv.info.<kernel>` block lists EIATTR_KPARAM_INFO per parameter: "Ordinal : 0x0 ... Size : 0x700".
+        blocks = re.split(r"\n(?=\.nv\.info\.\w+\s*\n)", proc.stdout)
+        found = {}
+        for blk in blocks:
+            m = re.match(r"\.nv\.info\.(\w+)\s*\n", blk)
+            if not m or m.group(1) not in KERNELS[fam]:
+                continue
+            sizes = re.findall(r"EIATTR_KPARAM_INFO.*?Ordinal\s*:\s*0x([0-9a-f]+).*?Size\s*:\s*0x([0-9a-f]+)", blk,
+                               re.S)
+            assert len(sizes) == 1, (m.group(1), sizes)  # exactly one by-value parameter
+            found[m.group(1)] = int(sizes[0][1], 16)
+        if not found:
+            pytest.skip("could not read EIATTR_KPARAM_INFO from cuobjdump -elf output")
+        assert set(found) == set(KERNELS[fam]), found
+        for name, size in found.items():
+            dt, bl = name.split("_")[-2:]
+            assert size == kg.GemmHost(libs[fam], fam, dt, bl).params_size, (name, size)
+
+
+def test_hgmma_in_sass(artifacts):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump here (pip install nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm for CUDA 13)")
+    for fam, art in artifacts.items():
+        proc = subprocess.run([tool, "-sass", str(art.cubin)], capture_output=True, text=True, env=_tool_env(tool))
+        if proc.returncode != 0:
+            pytest.skip(f"cuobjdump -sass cannot disassemble here: {proc.stderr.strip()[:200]}")
+        funcs = re.split(r"\n\s*Function : ", proc.stdout)
+        seen = {}
+        for f in funcs[1:]:
+            name = f.split()[0]
+            seen[name] = f
+        for name in KERNELS[fam]:
+            assert name in seen, (name, list(seen))
+            body = seen[name]
+            assert "HGMMA.64x256x16.F32" in body, name
+            assert "UTMALDG" in body and "UTMASTG" in body, name  # TMA loads and stores
+        if fam == "gemm_rs":
+            for name in KERNELS[fam]:
+                assert re.search(r"RED\.E\.ADD.*64.*STRONG\.SYS|RED.*\.SYS", seen[name]), name  # rows_ready signal
+
+
+def _ag_args(**kw) -> kg.FsAgGemmArgs:
+    base = dict(m=8192, n=8192, k=8192, a=0x10000, b=0x20000, d=0x30000, bias=None, sm_count=132, device_id=0,
+                chunk_flags=0x40000, epoch=0x50000, rows_per_shard=1024, chunk_rows=256, chunks_per_shard=4, wait=1)
+    base.update(kw)
+    return kg.FsAgGemmArgs(**base)
+
+
+def test_params_errors_are_reported(libs):
+    ag = kg.GemmHost(libs["ag_gemm"], "ag_gemm", "bf16", "nk")
+    with pytest.raises(FluxShmemError, match="bad problem size"):
+        ag.params(_ag_args(m=0))
+    with pytest.raises(FluxShmemError, match="16-byte aligned"):
+        ag.params(_ag_args(a=0x10002))
+    with pytest.raises(FluxShmemError, match="multiples of 8"):
+        ag.params(_ag_args(k=8190))
+    with pytest.raises(FluxShmemError, match="sm_count"):
+        ag.params(_ag_args(sm_count=0))
+    with pytest.raises(FluxShmemError, match="inconsistent chunking"):
+        ag.params(_ag_args(chunks_per_shard=3))
+    with pytest.raises(FluxShmemError, match="chunk_flags and epoch"):
+        ag.params(_ag_args(chunk_flags=None))
+    with pytest.raises(FluxShmemError, match="takes FsAgGemmArgs"):
+        ag.params(kg.FsGemmRsArgs())
+    rs = kg.GemmHost(libs["gemm_rs"], "gemm_rs", "fp16", "kn")
+    with pytest.raises(FluxShmemError, match="rows_ready needs epoch"):
+        rs.params(kg.FsGemmRsArgs(m=256, n=256, k=256, a=0x10000, b=0x20000, d=0x30000, sm_count=132,
+                                  rows_ready=0x40000, epoch=None))
+    with pytest.raises(FluxShmemError, match="bad peer group"):
+        rs.params(kg.FsGemmRsArgs(m=256, n=256, k=256, a=0x10000, b=0x20000, d=0x30000, sm_count=132,
+                                  rows_ready=0x40000, epoch=0x50000, group_size=2, bar=None))
+
+
+def test_params_without_driver_is_a_clear_error(libs):
+    """Valid arguments get as far as the TMA descriptors, which need the NVIDIA driver."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("an NVIDIA driver is present: descriptors would be made (covered by the GPU tests)")
+    except OSError:
+        pass
+    ag = kg.GemmHost(libs["ag_gemm"], "ag_gemm", "bf16", "kn")
+    with pytest.raises(FluxShmemError, match="libcuda"):
+        ag.params(_ag_args())
+
+
+# --- tile -> chunk arithmetic (csrc/include/flux_shmem/tile_schedule.cuh) ------------------------------------------
+
+_SPAN_MAIN = r"""
+#include <cstdio>
+#include "flux_shmem/tile_schedule.cuh"
+int main() {
+  long long M; int Ms, cr, tm, cps;
+  while (std::scanf("%lld %d %d %d %d", &M, &Ms, &cr, &tm, &cps) == 5) {
+    int tiles = fs::tiles_along(M, tm);
+    std::printf("%d\n", tiles);
+    for (int t = 0; t < tiles; ++t) {
+      fs::ChunkSpan sp = fs::chunk_span_for_tile(t, tm, M, Ms, cr);
+      int n = fs::chunk_span_count(sp, cps);
+      std::printf("%d", n);
+      for (int i = 0; i < n; ++i) std::printf(" %d", fs::chunk_span_flag(sp, cps, i));
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+"""
+
+
+def _reference(M: int, Ms: int, cr: int, tm: int) -> list[list[int]]:
+    """Brute force: flags of every chunk whose rows intersect each tile's rows below M."""
+    cps = -(-Ms // cr)
+    shards = -(-M // Ms)
+    chunks = []
+    for s in range(shards):
+        for c in range(cps):
+            lo, hi = s * Ms + c * cr, s * Ms + min((c + 1) * cr, Ms)
+            chunks.append((s * cps + c, lo, hi))
+    out = []
+    for t in range(-(-M // tm)):
+        r0, r1 = t * tm, min((t + 1) * tm, M)
+        out.append(sorted(f for f, lo, hi in chunks if lo < r1 and r0 < hi))
+    return out
+
+
+def test_tile_chunk_span_matches_reference(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    cmd = [cxx, "-std=c++17", "-O1", "-x", "c++"] if cxx else None
+    if cmd is None:
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            pytest.skip("no C++ compiler (g++ or nvcc)")
+        cmd = [nvcc, "-std=c++17", "-x", "c++"]
+    src = tmp_path / "span.cpp"
+    src.write_text(_SPAN_MAIN)
+    exe = tmp_path / "span"
+    subprocess.run(cmd + [f"-I{ROOT / 'csrc' / 'include'}", str(src), "-o", str(exe)], check=True)
+
+    rng = random.Random(1234)
+    cases = [(8192, 1024, 256, 128), (8192, 1024, 1024, 128), (1000, 250, 64, 128), (1, 1, 1, 128),
+             (8192, 8192, 8192, 128), (384, 100, 7, 128), (16384, 2048, 192, 128), (130, 65, 13, 128)]
+    for _ in range(400):
+        tm = rng.choice([64, 128, 256])
+        Ms = rng.randint(1, 3000)
+        cr = rng.randint(1, Ms + 50)
+        shards = rng.randint(1, 8)
+        M = Ms * shards - (rng.randint(0, Ms - 1) if rng.random() < 0.3 else 0)  # sometimes fewer rows than shards
+        cases.append((M, Ms, cr, tm))
+    stdin = "".join(f"{M} {Ms} {cr} {tm} {-(-Ms // cr)}\n" for M, Ms, cr, tm in cases)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split("\n")
+    pos = 0
+    for M, Ms, cr, tm in cases:
+        tiles = int(out[pos]); pos += 1
+        ref = _reference(M, Ms, cr, tm)
+        assert tiles == len(ref), (M, Ms, cr, tm)
+        for t in range(tiles):
+            got = [int(x) for x in out[pos].split()[1:]]; pos += 1
+            assert got == ref[t], (M, Ms, cr, tm, t, got, ref[t])
