@@ -2,6 +2,7 @@
 # One call on a GPU machine: install carried wheels, load prebuilt kernels (or build them), run the GPU tests,
 # then the benchmarks. Logs go to $OUT (the device tool's output folder) or ./.device_out.
 #   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
+#   bash benchmarks/gpu_session.sh checks NP GROUP_OR_CHECK...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -13,10 +14,16 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export FLUX_SHMEM_CACHE=${FLUX_SHMEM_CACHE:-$PWD/.cache/kernels}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -m flux_shmem.build --list 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
 rc=0
+if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of tests/gpu/checks.py under NP PEs
+  np_=$1; shift
+  python3 -m flux_shmem.launch -n "$np_" -- python3 tests/gpu/checks.py "$@" 2>&1 | tee "$OUT/checks_np$np_.log"
+  rc=${PIPESTATUS[0]}
+fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   export FLUX_SHMEM_TEST_LOGDIR=$OUT
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@" 2>&1 | tee "$OUT/gpu_tests.log"

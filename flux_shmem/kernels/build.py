@@ -127,7 +127,8 @@ def _sources(family: str) -> list[Path]:
     main = src / f"{family}.cu"
     if not main.exists():
         raise BuildError(f"no kernel family {family!r}: expected {main}; families are {families()}")
-    return [main] + sorted((src / "include").rglob("*.cuh"))
+    inc = src / "include"
+    return [main] + sorted([*inc.rglob("*.cuh"), *inc.rglob("*.h")])
 
 
 def needs_host_lib(family: str) -> bool:

@@ -173,7 +173,7 @@ class CutlassGemm:
         check_abi(self.module.host_lib)
         self.host = GemmHost(self.module.host_lib, family, dtype_name(dtype), b_layout)
         self.kernel = self.module.kernel(name)
-        if self.kernel.param_size != self.host.params_size:
+        if self.kernel.param_size is not None and self.kernel.param_size != self.host.params_size:
             raise BuildError(f"{name}: the cubin takes {self.kernel.param_size} parameter bytes, the host library "
                              f"makes {self.host.params_size}: cubin and host library come from different builds; "
                              f"rebuild with `python -m flux_shmem.build --family {family} --force`")

@@ -74,7 +74,8 @@ class AllGatherGEMM(FusedGEMM):
         if self.path(m) == "fused":
             self.comm_stream.wait_stream(main)
             ag.launch(a_shard, stream=self.comm_stream, wait_all=False)
-            a_shard.record_stream(self.comm_stream)
+            if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
+                a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=self.gemm_sms,
                        order=self.order(m))
             main.wait_stream(self.comm_stream)

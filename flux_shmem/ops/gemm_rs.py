@@ -80,7 +80,8 @@ class GEMMReduceScatter(FusedGEMM):
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
                        sm_count=self.gemm_sms, order=self.order(m))
             main.wait_stream(self.comm_stream)
-            out.record_stream(self.comm_stream)
+            if not torch.cuda.is_current_stream_capturing():
+                out.record_stream(self.comm_stream)
         else:
             args = abi.BarrierArgs(ctx=signals.ctx(), bar=eng.sync.bar.data_ptr(), epoch=eng.sync.epoch.data_ptr(),
                                    node_size=rt.node_size)

@@ -422,24 +422,26 @@ def main(argv: list[str]) -> int:
     groups = argv or ["all"]
     if groups == ["all"]:
         groups = ["runtime", "collectives", "gemm"]
+    by_name = {fn.__name__: (g, fn) for g, fns in CHECKS.items() for fn in fns}
+    plan = [(g, fn) for name in groups for g, fn in ([(name, f) for f in CHECKS[name]] if name in CHECKS
+                                                     else [by_name[name]])]
     rt = flux_shmem.init()
     failures = 0
-    for g in groups:
-        for fn in CHECKS[g]:
-            t0 = time.time()
-            try:
-                fn(rt)
-                torch.cuda.synchronize()
-                if "timeout" not in g:
-                    flux_shmem.check_errors()
-                if rt.rank == 0:
-                    print(f"CHECK {fn.__name__} ok ({time.time() - t0:.1f} s, world {rt.world_size}, "
-                          f"node_size {rt.node_size})", flush=True)
-            except Exception:
-                failures += 1
-                print(f"CHECK {fn.__name__} FAILED on PE {rt.rank}:\n{traceback.format_exc()}", flush=True)
-                if "timeout" in g:
-                    raise
+    for g, fn in plan:
+        t0 = time.time()
+        try:
+            fn(rt)
+            torch.cuda.synchronize()
+            if "timeout" not in g:
+                flux_shmem.check_errors()
+            if rt.rank == 0:
+                print(f"CHECK {fn.__name__} ok ({time.time() - t0:.1f} s, world {rt.world_size}, "
+                      f"node_size {rt.node_size})", flush=True)
+        except Exception:
+            failures += 1
+            print(f"CHECK {fn.__name__} FAILED on PE {rt.rank}:\n{traceback.format_exc()}", flush=True)
+            if "timeout" in g:
+                raise
     flux_shmem.finalize()
     return 1 if failures else 0
 
