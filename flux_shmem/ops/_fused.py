@@ -53,12 +53,14 @@ class FusedGEMM:
         self._orders: dict[int, torch.Tensor] = {}
 
     def path(self, m: int) -> str:
-        """'fused' or 'decomposed': what a call with M = m runs ('auto' fuses when the GEMM has at least two waves
-        of tiles to hide communication behind)."""
+        """'fused' or 'decomposed' (or 'gemm' with one PE, where there is nothing to communicate): what a call
+        with M = m runs ('auto' fuses when the GEMM has at least two waves of tiles to hide communication behind)."""
+        if self.rt.world_size == 1:
+            return "gemm"
         if self.mode != "auto":
             return self.mode
         tiles = -(-m // self.tile_m) * -(-self.n // self.tile_n)
-        return "fused" if self.rt.world_size > 1 and tiles >= 2 * self.sms else "decomposed"
+        return "fused" if tiles >= 2 * self.sms else "decomposed"
 
     def order(self, m: int) -> torch.Tensor:
         """Device table of M-tiles in this PE's visiting order for M = m (cached per m)."""

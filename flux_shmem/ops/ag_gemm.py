@@ -68,6 +68,9 @@ class AllGatherGEMM(FusedGEMM):
         m = ms * rt.world_size
         if not 0 < m <= self.max_m:
             raise ValueError(f"a_shard has {ms} rows (M = {m}); this op takes M up to {self.max_m}")
+        if rt.world_size == 1:  # nothing to gather: the plain GEMM on the shard
+            out = self.gemm_only(a_shard, b, bias)
+            return (out, a_shard.clone()) if return_gathered else out
         out = torch.empty((m, self.n), dtype=self.dtype, device=a_shard.device)
         main = torch.cuda.current_stream()
         ag = self.ag

@@ -69,6 +69,8 @@ class GEMMReduceScatter(FusedGEMM):
         if not 0 < m <= self.max_m or m % rt.world_size:
             raise ValueError(f"a has {m} rows; this op takes M a multiple of the world size {rt.world_size}, up "
                              f"to {self.max_m}")
+        if rt.world_size == 1:  # nothing to reduce: the plain GEMM, bias included
+            return self.gemm_only(a, b, bias)
         out = torch.empty((m // rt.world_size, self.n), dtype=self.dtype, device=a.device)
         tiles_n = -(-self.n // self.tile_n)
         main = torch.cuda.current_stream()

@@ -200,7 +200,7 @@ def finalize() -> None:
         module.load.cache_clear()
         rt._internal.clear()
         from . import symmetric
-        symmetric._forget_all()
+        symmetric._free_all()
         nv.finalize()
         _STATE = None
 

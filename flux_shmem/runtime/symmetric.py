@@ -116,6 +116,9 @@ def free(t: torch.Tensor) -> None:
     nv.free_tensor(base)
 
 
-def _forget_all() -> None:
-    """At finalize: NVSHMEM frees the heap itself."""
+def _free_all() -> None:
+    """At finalize (collective): free what is left, in allocation order, which is the same on every PE."""
+    import nvshmem.core as nv
+    for t in list(_ALLOCATED.values()):
+        nv.free_tensor(t)
     _ALLOCATED.clear()
