@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import abi, gemm as kgemm
-from ..kernels.module import load
+from ..kernels import gemm as kgemm
 from ..runtime import signals, symmetric
 from ._fused import FusedGEMM
 from ._schedule import rs_segment_order
@@ -41,7 +40,6 @@ class GEMMReduceScatter(FusedGEMM):
                         (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks))
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
                                    comm_blocks=positive("comm_blocks", comm_blocks))
-        self._barrier = load("collectives").kernel("fs_barrier")
 
     def __repr__(self) -> str:
         return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
@@ -85,9 +83,7 @@ class GEMMReduceScatter(FusedGEMM):
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)
         else:
-            args = abi.BarrierArgs(ctx=signals.ctx(), bar=eng.sync.bar.data_ptr(), epoch=eng.sync.epoch.data_ptr(),
-                                   node_size=rt.node_size)
-            self._barrier.launch(args, 1, 32 * max(1, -(-rt.world_size // 32)))
+            eng.sync.barrier()  # every PE is past the previous call before this GEMM overwrites its partial
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
                        sm_count=self.sms, order=None)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)

@@ -93,6 +93,16 @@ class SyncState:
         self.bar = symmetric.zeros((rt.world_size,), torch.int64)
         self.epoch = torch.ones(1, dtype=torch.int64, device=f"cuda:{rt.device}")
 
+    def barrier(self, stream=None) -> None:
+        """Arrive in this state's current epoch and wait for every PE's arrival (no bump: the caller's call ends
+        with one). One block, one thread per PE."""
+        from ..kernels.module import load
+        rt = get_runtime()
+        args = abi.BarrierArgs(ctx=ctx(), bar=self.bar.data_ptr(), epoch=self.epoch.data_ptr(),
+                               node_size=rt.node_size)
+        threads = min(1024, max(32, (rt.world_size + 31) // 32 * 32))
+        load("collectives").kernel("fs_barrier").launch(args, 1, threads, stream=stream)
+
     def bump(self, stream=None) -> None:
         from ..kernels.module import load
         load("collectives").kernel("fs_epoch_bump").launch(abi.EpochArgs(self.epoch.data_ptr()), 1, 1,
@@ -104,13 +114,9 @@ def barrier(stream=None) -> None:
 
     Collective, asynchronous for the host, works when PEs share a GPU; waits time out (FLUX_SHMEM_TIMEOUT_S).
     """
-    from ..kernels.module import load
-    rt = get_runtime()
     check_errors()
-    sync: SyncState = rt._internal["barrier"]
-    args = abi.BarrierArgs(ctx=ctx(), bar=sync.bar.data_ptr(), epoch=sync.epoch.data_ptr(), node_size=rt.node_size)
-    threads = min(1024, max(32, (rt.world_size + 31) // 32 * 32))
-    load("collectives").kernel("fs_barrier").launch(args, 1, threads, stream=stream)
+    sync: SyncState = get_runtime()._internal["barrier"]
+    sync.barrier(stream)
     sync.bump(stream)
 
 

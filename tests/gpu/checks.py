@@ -36,6 +36,21 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def capture(fn):
+    """Run fn once on a side stream (loads kernels, fills host caches), then capture one call in a CUDA graph.
+    Returns (graph, what the captured call returned)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-7)
 
@@ -135,15 +150,7 @@ def signal_pool(rt):
 
 @check("runtime")
 def graph_capture_barrier(rt):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        flux_shmem.barrier()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        flux_shmem.barrier()
+    g, _ = capture(flux_shmem.barrier)
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
@@ -179,15 +186,7 @@ def all_gather(rt):
 def all_gather_graph(rt):
     ag = flux_shmem.AllGather(64, 128, torch.bfloat16)
     x = torch.empty((64, 128), device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ag(x)  # warm-up outside capture (loads kernels)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = ag(x, copy=False)
+    g, out = capture(lambda: ag(x, copy=False))
     for seed in range(3):
         xs = gathered_inputs(rt, (64, 128), torch.bfloat16, 50 + seed)
         x.copy_(xs[rt.rank])
@@ -305,15 +304,7 @@ def ag_gemm_matches_torch(rt):
         res.append((op(a_all[rt.rank], b), torch.cat(a_all).double() @ b.double()))
     assert max(rel_err(o, r) for o, r in res) < 1e-2, "back-to-back AllGatherGEMM calls wrong"
     a = torch.empty((256, 128), device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        op(a, b)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = op(a, b)
+    g, out = capture(lambda: op(a, b))
     for seed in range(40, 43):
         a_all = gathered_inputs(rt, (256, 128), torch.bfloat16, seed)
         a.copy_(a_all[rt.rank])
@@ -346,15 +337,7 @@ def gemm_rs_matches_torch(rt):
     a = torch.empty((256 * W, 128), device="cuda", dtype=torch.bfloat16)
     b = weight(128, 256, "nk", torch.bfloat16, 5 + rt.rank)
     bs = [weight(128, 256, "nk", torch.bfloat16, 5 + pe) for pe in range(W)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        op(a, b)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = op(a, b)
+    g, out = capture(lambda: op(a, b))
     for seed in range(50, 53):
         a_all = gathered_inputs(rt, (256 * W, 128), torch.bfloat16, seed)
         a.copy_(a_all[rt.rank])
