@@ -3,6 +3,7 @@
 # then the benchmarks. Logs go to $OUT (the device tool's output folder) or ./.device_out.
 #   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
 #   bash benchmarks/gpu_session.sh checks NP GROUP_OR_CHECK...
+#   bash benchmarks/gpu_session.sh tune [benchmarks/gemm_tune.py args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -22,6 +23,10 @@ rc=0
 if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of tests/gpu/checks.py under NP PEs
   np_=$1; shift
   python3 -m flux_shmem.launch -n "$np_" -- python3 tests/gpu/checks.py "$@" 2>&1 | tee "$OUT/checks_np$np_.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = tune ]; then  # tune [gemm_tune.py args]: GEMM variants (built and carried) against cuBLAS
+  python3 benchmarks/gemm_tune.py --jsonl "$OUT/tune.jsonl" "$@" 2>&1 | tee "$OUT/tune.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then

@@ -112,6 +112,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help=f"timed iterations per configuration (default {DEFAULT_ITERS}, --quick {QUICK_ITERS})")
     p.add_argument("--warmup", type=_nonneg_int, default=None,
                    help=f"untimed warm-up iterations (default {DEFAULT_WARMUP}, --quick {QUICK_WARMUP})")
+    p.add_argument("--rounds", type=_positive_int, default=5, metavar="R",
+                   help="split each configuration's timed iterations into R rounds that alternate the order of the "
+                        "implementations, so clock/power drift hits all alike (default 5)")
     p.add_argument("--rotate", type=_positive_int, default=None, metavar="N",
                    help="input sets to rotate through (default: enough to cover 4x the L2 cache, 2..8)")
     p.add_argument("--jsonl", default=None, metavar="PATH", help="write one JSON object per configuration")
@@ -286,6 +289,7 @@ def _run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "iters": args.iters,
         "warmup": args.warmup,
+        "rounds": args.rounds,
         "rotate": args.rotate,
         "quick": args.quick,
         "ops": args.ops,
@@ -314,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
 
     suite = Suite(comm=comm, rank=rank, world=world, local_rank=device, flux=flux, flux_error=flux_error,
                   dtype=args.dtype, iters=args.iters, warmup=args.warmup, rotate=args.rotate, seed=args.seed,
-                  verbose=args.verbose, nccl_error=nccl_error)
+                  verbose=args.verbose, nccl_error=nccl_error, rounds=args.rounds)
     suite.plan([p for p, why in problems if why is None])
     progress = report.Progress(len(problems), enabled=is_root and not args.no_progress)
     records: List[dict] = []

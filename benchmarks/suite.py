@@ -40,7 +40,7 @@ def _status_for(e: BaseException) -> str:
 class Suite:
     def __init__(self, *, comm, rank: int, world: int, local_rank: int, flux, flux_error: Optional[str],
                  dtype: str, iters: int, warmup: int, rotate: Optional[int], seed: int = 1234,
-                 verbose: bool = False, nccl_error: Optional[str] = None):
+                 verbose: bool = False, nccl_error: Optional[str] = None, rounds: int = 5):
         self.comm = comm
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.flux = flux
@@ -48,6 +48,8 @@ class Suite:
         self.dtype_name = dtype
         self.dtype = TORCH_DTYPES[dtype]
         self.iters, self.warmup, self.rotate = iters, warmup, rotate
+        self.rounds = rounds
+        self._pending: List[tuple] = []
         self.seed = seed
         self.verbose = verbose
         self.device = torch.device("cuda", local_rank)
@@ -140,7 +142,8 @@ class Suite:
 
     def measure(self, name: str, make: Callable[[], Callable], sets: Sequence[tuple],
                 check: Callable[[object], float], tol: float) -> dict:
-        """Construct, check on sets[0], then time one implementation (same outcome on every rank)."""
+        """Construct and check on sets[0] one implementation (same outcome on every rank); its timing follows in
+        `_time_pending`, interleaved with the problem's other implementations."""
         fn = None
         status = "ok"
         try:
@@ -170,21 +173,37 @@ class Suite:
         err = self._max(err)
         entry["rel_err"] = err if err is None or math.isfinite(err) else float("inf")
         entry["ok"] = bool(err is not None and err <= tol)
-        try:
-            samples = timing.cuda_time(fn, sets, warmup=self.warmup, iters=self.iters, sync=self.sync)
-            med = metrics.median(samples)
-            status = "ok"
-        except Exception as e:  # noqa: BLE001
-            med, samples = None, []
-            status = _status_for(e)
-        status = self._agree(status)
-        entry["status"] = status
-        if status == "ok":
-            entry["ms"] = self._max(med)  # the op is done when the slowest rank is
-            entry["ms_min"] = min(v for v in self.comm.allgather(min(samples)) if v is not None)
-            entry["iters"] = len(samples)
         entry["rotation_sets"] = len(sets)
+        self._pending.append((entry, fn, sets))  # timed by _time_pending, interleaved with the others
         return entry
+
+    def _time_pending(self) -> None:
+        """Time every implementation checked since the last call, in `rounds` rounds that alternate their order
+        (forward, backward, ...), so that clock and power drift (large GEMMs hold the GPU at its power limit)
+        hit all of them alike; each gets `iters` samples in all, and `warmup` runs before its first round and
+        one before each later round. Fills ms (median, max over ranks), ms_min and iters."""
+        pending, self._pending = self._pending, []
+        rounds = max(1, min(self.rounds, self.iters))
+        per_round = [self.iters // rounds + (1 if i < self.iters % rounds else 0) for i in range(rounds)]
+        samples: Dict[int, List[float]] = {id(e): [] for e, _, _ in pending}
+        for rnd, n_iters in enumerate(per_round):
+            for entry, fn, sets in (pending if rnd % 2 == 0 else pending[::-1]):
+                if entry["status"] != "ok":
+                    continue
+                try:
+                    samples[id(entry)] += timing.cuda_time(fn, sets, warmup=self.warmup if rnd == 0 else 1,
+                                                           iters=n_iters, sync=self.sync)
+                    status = "ok"
+                except Exception as e:  # noqa: BLE001
+                    status = _status_for(e)
+                entry["status"] = self._agree(status)
+        for entry, _, _ in pending:
+            if entry["status"] == "ok":
+                got = samples[id(entry)]
+                entry["ms"] = self._max(metrics.median(got))  # the op is done when the slowest rank is
+                entry["ms_min"] = min(v for v in self.comm.allgather(min(got)) if v is not None)
+                entry["iters"] = len(got)
+                entry["rounds"] = rounds
 
     # ------------------------------------------------------------------ problems
 
@@ -200,6 +219,7 @@ class Suite:
                 return self._comm(p.op, p.m, p.n)
             raise ValueError(p.op)
         finally:
+            self._pending = []  # a problem that failed part-way leaves nothing to time
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
@@ -241,6 +261,7 @@ class Suite:
             res["nccl"] = self.measure("nccl",
                                        self._nccl(lambda: (lambda x: baselines.nccl_reduce_scatter(x, nccl_out))),
                                        sets, lambda out: timing.relative_error(out, ref), tol)
+        self._time_pending()
         self._comm_cache[key] = res
         return res
 
@@ -291,6 +312,7 @@ class Suite:
             lambda: (lambda op: (lambda a_s, b, a_f: op.gemm_only(a_f, b)))(self._our_op("AllGatherGEMM", n, k)),
             sets, chk, tol)
         res["cublas"] = self.measure("cublas", lambda: (lambda a_s, b, a_f: torch.matmul(a_f, b)), sets, chk, tol)
+        self._time_pending()
         return res
 
     def _gemm_rs(self, p: Problem) -> Dict[str, dict]:
@@ -338,6 +360,7 @@ class Suite:
             lambda: (lambda op: (lambda a, b: op.gemm_only(a, b)))(self._our_op("GEMMReduceScatter", n, kloc)),
             sets, chk_partial, tol)
         res["cublas"] = self.measure("cublas", lambda: (lambda a, b: torch.matmul(a, b)), sets, chk_partial, tol)
+        self._time_pending()
         return res
 
     def close(self) -> None:

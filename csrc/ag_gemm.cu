@@ -34,7 +34,7 @@ template <class Cfg>
 int ag_params(const char* kname, const FsAgGemmArgs* a, void* params_out, size_t params_cap, FsLaunch* launch) {
   if (a == nullptr) return fail(kErrArgs, std::string(kname) + ": null args");
   int rc = check_problem(kname, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count,
-                         sizeof(typename Cfg::ElementA));
+                         a->swizzle, sizeof(typename Cfg::ElementA));
   if (rc != kOk) return rc;
   if (a->wait) {
     char buf[512];
@@ -51,7 +51,8 @@ int ag_params(const char* kname, const FsAgGemmArgs* a, void* params_out, size_t
     }
   }
   typename Cfg::Kernel::Arguments args{};
-  fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order);
+  fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
+                     a->swizzle);
   args.mainloop.chunk_flags = a->chunk_flags;
   args.mainloop.epoch = a->epoch;
   args.mainloop.rows_per_shard = a->rows_per_shard;

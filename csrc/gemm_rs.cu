@@ -35,7 +35,7 @@ template <class Cfg>
 int rs_params(const char* kname, const FsGemmRsArgs* a, void* params_out, size_t params_cap, FsLaunch* launch) {
   if (a == nullptr) return fail(kErrArgs, std::string(kname) + ": null args");
   int rc = check_problem(kname, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count,
-                         sizeof(typename Cfg::ElementA));
+                         a->swizzle, sizeof(typename Cfg::ElementA));
   if (rc != kOk) return rc;
   if (a->rows_ready != nullptr) {
     if (a->epoch == nullptr) return fail(kErrArgs, std::string(kname) + ": rows_ready needs epoch");
@@ -47,7 +47,8 @@ int rs_params(const char* kname, const FsGemmRsArgs* a, void* params_out, size_t
     }
   }
   typename Cfg::Kernel::Arguments args{};
-  fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order);
+  fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
+                     a->swizzle);
   args.epilogue.rows_ready = a->rows_ready;
   args.epilogue.bar = a->bar;
   args.epilogue.group_first = a->group_first;

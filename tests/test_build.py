@@ -32,6 +32,18 @@ def test_cache_key_tracks_versions_and_arch(monkeypatch):
     assert kb.cache_key("collectives", "90a") != k1
 
 
+def test_build_defines_are_checked_and_keyed(monkeypatch):
+    monkeypatch.delenv("FLUX_SHMEM_BUILD_DEFINES", raising=False)
+    k0 = kb.cache_key("gemm_rs", "90a")
+    monkeypatch.setenv("FLUX_SHMEM_BUILD_DEFINES", "FS_GEMM_TILE_M=256, FS_GEMM_TILE_N=128")
+    assert kb.extra_defines() == ("-DFS_GEMM_TILE_M=256", "-DFS_GEMM_TILE_N=128")
+    assert kb.cache_key("gemm_rs", "90a") != k0
+    for bad in ("TILE=1", "FS_X=1;rm", "-DFS_X"):
+        monkeypatch.setenv("FLUX_SHMEM_BUILD_DEFINES", bad)
+        with pytest.raises(BuildError, match="FLUX_SHMEM_BUILD_DEFINES"):
+            kb.cache_key("gemm_rs", "90a")
+
+
 def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("NVCC", raising=False)

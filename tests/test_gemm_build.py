@@ -23,7 +23,7 @@ from flux_shmem.kernels import gemm as kg
 FAMILIES = ("ag_gemm", "gemm_rs")
 KERNELS = {fam: [f"fs_{fam}_{dt}_{bl}" for dt in ("bf16", "fp16") for bl in ("kn", "nk")] for fam in FAMILIES}
 COMMON_SYMBOLS = ("fs_gemm_last_error", "fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_cluster_m",
-                  "fs_gemm_cluster_n", "fs_gemm_swizzle", "fs_abi_sizeof", "fs_abi_offsetof")
+                  "fs_gemm_cluster_n", "fs_abi_sizeof", "fs_abi_offsetof")
 ROOT = Path(__file__).resolve().parents[1]
 
 # Building both families from scratch takes several minutes on a 2-core machine.
@@ -89,7 +89,7 @@ def test_abi_mirrors_match(libs):
             assert lib.fs_abi_sizeof(name.encode()) == ctypes.sizeof(st)
     assert ctypes.sizeof(kg.FsLaunch) == 40
     assert ctypes.sizeof(kg.FsCtx) == 32
-    assert ctypes.sizeof(kg.FsAgGemmArgs) == 136 and ctypes.sizeof(kg.FsGemmRsArgs) == 136
+    assert ctypes.sizeof(kg.FsAgGemmArgs) == 144 and ctypes.sizeof(kg.FsGemmRsArgs) == 144
 
 
 def test_tile_shape_and_param_sizes(libs, monkeypatch):
@@ -103,10 +103,7 @@ def test_tile_shape_and_param_sizes(libs, monkeypatch):
                 assert h.cluster_shape in ((1, 1), (2, 1), (1, 2))
                 assert 0 < h.params_size <= 4096  # fits the classic 4 KB kernel parameter limit
                 assert h.tiles(1000, 4096) == (8, 16)
-                assert h.swizzle(8192, 8192) == 1 and h.swizzle(8192, 53248) == 4
-                monkeypatch.setenv("FLUX_SHMEM_GEMM_SWIZZLE", "2")
-                assert h.swizzle(8192, 8192) == 2
-                monkeypatch.delenv("FLUX_SHMEM_GEMM_SWIZZLE")
+                assert h.swizzle(8192) == 8 and h.swizzle(8192, group_m_tiles=8) == 4
                 sizes.add(h.params_size)
         assert len(sizes) >= 1
 
@@ -183,6 +180,8 @@ def test_params_errors_are_reported(libs):
         ag.params(_ag_args(chunks_per_shard=3))
     with pytest.raises(FluxShmemError, match="chunk_flags and epoch"):
         ag.params(_ag_args(chunk_flags=None))
+    with pytest.raises(FluxShmemError, match="swizzle must be 1, 2, 4 or 8"):
+        ag.params(_ag_args(swizzle=3))
     with pytest.raises(FluxShmemError, match="takes FsAgGemmArgs"):
         ag.params(kg.FsGemmRsArgs())
     rs = kg.GemmHost(libs["gemm_rs"], "gemm_rs", "fp16", "kn")

@@ -140,13 +140,27 @@ def uses_nvshmem(family: str) -> bool:
     return "<nvshmem.h>" in (csrc_dir() / f"{family}.cu").read_text()
 
 
+def extra_defines() -> tuple[str, ...]:
+    """`FLUX_SHMEM_BUILD_DEFINES="FS_GEMM_TILE_M=256 FS_GEMM_TILE_N=128"`: -D flags for tuning builds (in the key)."""
+    raw = os.environ.get("FLUX_SHMEM_BUILD_DEFINES", "")
+    defs = tuple(d for d in raw.replace(",", " ").split() if d)
+    for d in defs:
+        if not re.fullmatch(r"FS_[A-Z0-9_]+(=[A-Za-z0-9_]+)?", d):
+            raise BuildError(f"FLUX_SHMEM_BUILD_DEFINES entry {d!r} is not NAME or NAME=VALUE with an FS_ name")
+    return tuple(f"-D{d}" for d in defs)
+
+
+def _flags() -> tuple[str, ...]:
+    return _CXX_FLAGS + extra_defines()
+
+
 def cache_key(family: str, arch: str) -> str:
     tc = toolchain()
     h = hashlib.sha256()
     for p in _sources(family):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join(_CXX_FLAGS).encode())
+    h.update(" ".join(_flags()).encode())
     return f"{family}-sm{arch}-nvshmem{tc.nvshmem_version}-cutlass{tc.cutlass_version}-{h.hexdigest()[:16]}"
 
 
@@ -201,7 +215,7 @@ def build(family: str, arch: str = DEFAULT_ARCHS[0], *, force: bool = False, ver
             return hit
         with tempfile.TemporaryDirectory(dir=cubin.parent) as tmp:
             obj = Path(tmp) / f"{family}.o"
-            common = [nvcc, _gencode(arch), *_CXX_FLAGS, *tc.includes()]
+            common = [nvcc, _gencode(arch), *_flags(), *tc.includes()]
             tmp_cubin = Path(tmp) / "out.cubin"
             if uses_nvshmem(family):
                 _run(common + ["-rdc=true", "-DFS_DEVICE_PASS", "-c", str(src), "-o", str(obj)],
@@ -218,6 +232,7 @@ def build(family: str, arch: str = DEFAULT_ARCHS[0], *, force: bool = False, ver
                      f"nvcc host pass of {family}")
                 os.replace(tmp_lib, lib)
             meta = {"family": family, "arch": arch, "nvshmem": tc.nvshmem_version, "cutlass": tc.cutlass_version,
+                    "defines": list(extra_defines()),
                     "nvcc": subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
                     .splitlines()[-1]}
             Path(f"{cubin}.json").write_text(json.dumps(meta, indent=1))

@@ -124,6 +124,8 @@ class Module:
         from cuda.core import ObjectCode
         self.family = family
         art = kbuild.build(family, device_arch())
+        import torch
+        torch.empty(1, device="cuda")  # the device's primary context must exist (and be current) to load
         self.obj = ObjectCode.from_cubin(art.cubin.read_bytes())
         if kbuild.uses_nvshmem(family):
             self._nv_obj = nv.NvshmemKernelObject.from_obj(self.obj)

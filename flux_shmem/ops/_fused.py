@@ -62,6 +62,11 @@ class FusedGEMM:
         tiles = -(-m // self.tile_m) * -(-self.n // self.tile_n)
         return "fused" if tiles >= 2 * self.sms else "decomposed"
 
+    def swizzle(self, m: int, fused: bool) -> int:
+        """Scheduler swizzle for M = m; fused calls keep each group of M-tiles inside one shard (segment)."""
+        shard_tiles = -(-(m // self.rt.world_size) // self.tile_m) if fused else None
+        return self._gemms["kn"].swizzle(m, shard_tiles)
+
     def order(self, m: int) -> torch.Tensor:
         """Device table of M-tiles in this PE's visiting order for M = m (cached per m)."""
         if m not in self._orders:

@@ -56,7 +56,8 @@ class AllGatherGEMM(FusedGEMM):
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=self.rt.device,
             chunk_flags=ag.flags.data_ptr(), epoch=ag.sync.epoch.data_ptr(), rows_per_shard=ms,
             chunk_rows=ag.chunk_rows, chunks_per_shard=-(-ms // ag.chunk_rows), wait=int(wait),
-            m_tile_order=order.data_ptr() if order is not None else 0, ctx=signals.ctx())
+            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=self.swizzle(m, fused=wait),
+            ctx=signals.ctx())
         self._gemms[layout].launch(args)
 
     def __call__(self, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,

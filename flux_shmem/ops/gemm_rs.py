@@ -56,7 +56,8 @@ class GEMMReduceScatter(FusedGEMM):
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
             rows_ready=eng.rows_ready.data_ptr() if counters else 0, bar=eng.sync.bar.data_ptr(),
             group_first=(rt.rank // L) * L, group_size=L if wait_group else 0, epoch=eng.sync.epoch.data_ptr(),
-            m_tile_order=order.data_ptr() if order is not None else 0, ctx=signals.ctx())
+            m_tile_order=order.data_ptr() if order is not None else 0,
+            swizzle=self.swizzle(m, fused=wait_group), ctx=signals.ctx())
         self._gemms[layout].launch(args)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

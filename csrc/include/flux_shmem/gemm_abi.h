@@ -48,6 +48,8 @@ typedef struct FsAgGemmArgs {
   int32_t chunks_per_shard;      /* must equal ceil(Ms / chunk_rows) when wait != 0 */
   int32_t wait;                  /* 0: plain GEMM (no flag reads) */
   const int32_t* m_tile_order;   /* [tiles_m] permutation of M-tiles, or NULL (identity) */
+  int32_t swizzle;               /* 1, 2, 4 or 8 (0 = 1): CTAs walk groups of swizzle * cluster_m M-tiles */
+  int32_t pad_;
   FsCtx ctx;
 } FsAgGemmArgs;
 
@@ -66,6 +68,8 @@ typedef struct FsGemmRsArgs {
   int32_t group_size;
   const uint64_t* epoch;
   const int32_t* m_tile_order;   /* [tiles_m] permutation of M-tiles, or NULL (identity) */
+  int32_t swizzle;               /* as in FsAgGemmArgs */
+  int32_t pad_;
   FsCtx ctx;
 } FsGemmRsArgs;
 

@@ -418,10 +418,24 @@ class RsEpilogue : public Base_ {
 template <class T>
 using Identity = T;
 
-using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-constexpr int kTileM = 128;
-constexpr int kTileN = 256;
+// Tile and cluster shape of every kernel of a build. Tuning knobs: the build takes -D overrides from
+// FLUX_SHMEM_BUILD_DEFINES (part of the cache key), e.g. "FS_GEMM_TILE_M=256 FS_GEMM_TILE_N=128".
+#ifndef FS_GEMM_TILE_M
+#define FS_GEMM_TILE_M 128
+#endif
+#ifndef FS_GEMM_TILE_N
+#define FS_GEMM_TILE_N 256
+#endif
+#ifndef FS_GEMM_CLUSTER_M
+#define FS_GEMM_CLUSTER_M 2
+#endif
+#ifndef FS_GEMM_CLUSTER_N
+#define FS_GEMM_CLUSTER_N 1
+#endif
+constexpr int kTileM = FS_GEMM_TILE_M;
+constexpr int kTileN = FS_GEMM_TILE_N;
+using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
+using ClusterShape = cute::Shape<cute::Int<FS_GEMM_CLUSTER_M>, cute::Int<FS_GEMM_CLUSTER_N>, cute::_1>;
 
 // Element: cutlass::bfloat16_t or cutlass::half_t. BIsNK: B given as [N, K] row-major (K contiguous) rather than
 // [K, N] row-major. A is [M, K] row-major, D [M, N] row-major, fp32 accumulation, D = acc + bias[n] (bias optional).
@@ -549,8 +563,12 @@ inline fs::Ctx to_ctx(const FsCtx& c) {
 
 // Common checks of the problem; returns kOk or a code with last_error set.
 inline int check_problem(const char* kname, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
-                         const void* d, const void* bias, int32_t sm_count, size_t elem_bytes) {
+                         const void* d, const void* bias, int32_t sm_count, int32_t swizzle, size_t elem_bytes) {
   char buf[512];
+  if (swizzle != 0 && swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) {
+    std::snprintf(buf, sizeof buf, "%s: swizzle must be 1, 2, 4 or 8 (0 means 1), got %d", kname, swizzle);
+    return fail(kErrArgs, buf);
+  }
   if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
     std::snprintf(buf, sizeof buf, "%s: bad problem size m=%lld n=%lld k=%lld (each must be in [1, 2^31))", kname,
                   (long long)m, (long long)n, (long long)k);
@@ -631,23 +649,13 @@ int finish_params(const char* kname, typename Kernel::Arguments const& args, voi
   return kOk;
 }
 
-// Scheduler swizzle: 1 keeps the strict order (all N-tiles of one M-tile, cluster pair, before the next); s > 1
-// walks s clusters of M-tiles (s * 2 M-tiles, consecutive entries of m_tile_order) across N together. Measured on
-// an H200 (bf16, 132 SMs): 1 is best up to 64 N-tiles (N <= 16384), 4 is 5-15% faster beyond (B reuse in L2).
-// FLUX_SHMEM_GEMM_SWIZZLE=1|2|4|8 overrides (read when a parameter block is made).
-inline int swizzle_for(int64_t m, int64_t n) {
-  (void)m;
-  if (const char* env = std::getenv("FLUX_SHMEM_GEMM_SWIZZLE")) {
-    const int sw = std::atoi(env);
-    if (sw == 1 || sw == 2 || sw == 4 || sw == 8) return sw;
-  }
-  return fs::tiles_along(static_cast<long long>(n), kTileN) > 64 ? 4 : 1;
-}
-
-// Fills the mainloop/epilogue operand fields common to both families.
+// Fills the mainloop/epilogue operand fields common to both families. `swizzle` (1, 2, 4, 8; checked by
+// check_problem): the scheduler walks groups of swizzle clusters of M-tiles across N (the policy is the caller's:
+// flux_shmem/kernels/gemm.py swizzle_for).
 template <class Cfg, class Args>
 void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
-                   const void* bias, int32_t sm_count, int32_t device_id, const int32_t* m_tile_order) {
+                   const void* bias, int32_t sm_count, int32_t device_id, const int32_t* m_tile_order,
+                   int32_t swizzle) {
   using Kernel = typename Cfg::Kernel;
   using ElementA = typename Cfg::ElementA;
   using ElementB = typename Cfg::ElementB;
@@ -670,7 +678,7 @@ void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, c
   args.hw_info.sm_count = sm_count;
   args.hw_info.max_active_clusters = 0;
   args.scheduler.m_tile_order = m_tile_order;
-  args.scheduler.max_swizzle_size = swizzle_for(m, n);
+  args.scheduler.max_swizzle_size = swizzle == 0 ? 1 : swizzle;
 }
 
 }  // namespace host
@@ -735,6 +743,8 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsAgGemmArgs, chunks_per_shard)
   FS_ABI_FIELD(FsAgGemmArgs, wait)
   FS_ABI_FIELD(FsAgGemmArgs, m_tile_order)
+  FS_ABI_FIELD(FsAgGemmArgs, swizzle)
+  FS_ABI_FIELD(FsAgGemmArgs, pad_)
   FS_ABI_FIELD(FsAgGemmArgs, ctx)
   FS_ABI_FIELD(FsGemmRsArgs, m)
   FS_ABI_FIELD(FsGemmRsArgs, n)
@@ -751,6 +761,8 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsGemmRsArgs, group_size)
   FS_ABI_FIELD(FsGemmRsArgs, epoch)
   FS_ABI_FIELD(FsGemmRsArgs, m_tile_order)
+  FS_ABI_FIELD(FsGemmRsArgs, swizzle)
+  FS_ABI_FIELD(FsGemmRsArgs, pad_)
   FS_ABI_FIELD(FsGemmRsArgs, ctx)
   return -1;
 }
@@ -761,7 +773,5 @@ extern "C" int32_t fs_gemm_tile_m() { return fs::gemm::kTileM; }
 extern "C" int32_t fs_gemm_tile_n() { return fs::gemm::kTileN; }
 extern "C" int32_t fs_gemm_cluster_m() { return static_cast<int32_t>(cute::size<0>(fs::gemm::ClusterShape{})); }
 extern "C" int32_t fs_gemm_cluster_n() { return static_cast<int32_t>(cute::size<1>(fs::gemm::ClusterShape{})); }
-// The scheduler swizzle the _params functions use for an M x N output (see swizzle_for).
-extern "C" int32_t fs_gemm_swizzle(int64_t m, int64_t n) { return fs::gemm::host::swizzle_for(m, n); }
 
 #endif  // FS_HOST_PASS
