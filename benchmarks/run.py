@@ -119,6 +119,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="input sets to rotate through (default: enough to cover 4x the L2 cache, 2..8)")
     p.add_argument("--jsonl", default=None, metavar="PATH", help="write one JSON object per configuration")
     p.add_argument("--plot-dir", default=None, metavar="DIR", help="write PNG plots (speedup, overlap efficiency)")
+    p.add_argument("--ag-engine", choices=("sm", "ce"), default="sm",
+                   help="AllGatherGEMM's all-gather: 'sm' (gather kernel on a few SMs) or 'ce' (copy engines, one "
+                        "NVLink domain only)")
     p.add_argument("--force-put", action="store_true",
                    help="set FLUX_SHMEM_FORCE_PUT=1 before flux_shmem.init(): every peer's data goes through "
                         "NVSHMEM put/signal (the inter-node path), also within a node")
@@ -294,6 +297,7 @@ def _run(args: argparse.Namespace) -> int:
         "quick": args.quick,
         "ops": args.ops,
         "force_put": bool(args.force_put),
+        "ag_engine": args.ag_engine,
         "force_put_runtime": getattr(rt, "force_put", None) if flux is not None else None,
         "command": " ".join([os.path.relpath(sys.argv[0], _ROOT) if sys.argv and sys.argv[0] else PROG]
                             + sys.argv[1:]),
@@ -313,12 +317,14 @@ def _run(args: argparse.Namespace) -> int:
 
     header = (f"flux_shmem overlap benchmarks | world {world} ({num_nodes} node(s), {local_size} GPU(s)/node) | "
               f"{config['device']} | {args.dtype} | iters {args.iters} warmup {args.warmup} | "
-              f"force_put {'on' if args.force_put else 'off'} | commit {config['commit']}")
+              f"force_put {'on' if args.force_put else 'off'} | ag_engine {args.ag_engine} | "
+              f"commit {config['commit']}")
     say(f"{PROG}: {len(problems)} configuration(s) on {world} rank(s): {header.split(' | ', 1)[1]}")
 
     suite = Suite(comm=comm, rank=rank, world=world, local_rank=device, flux=flux, flux_error=flux_error,
                   dtype=args.dtype, iters=args.iters, warmup=args.warmup, rotate=args.rotate, seed=args.seed,
-                  verbose=args.verbose, nccl_error=nccl_error, rounds=args.rounds)
+                  verbose=args.verbose, nccl_error=nccl_error, rounds=args.rounds,
+                  op_options={"AllGatherGEMM": {"engine": args.ag_engine}})
     suite.plan([p for p, why in problems if why is None])
     progress = report.Progress(len(problems), enabled=is_root and not args.no_progress)
     records: List[dict] = []

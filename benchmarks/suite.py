@@ -40,7 +40,8 @@ def _status_for(e: BaseException) -> str:
 class Suite:
     def __init__(self, *, comm, rank: int, world: int, local_rank: int, flux, flux_error: Optional[str],
                  dtype: str, iters: int, warmup: int, rotate: Optional[int], seed: int = 1234,
-                 verbose: bool = False, nccl_error: Optional[str] = None, rounds: int = 5):
+                 verbose: bool = False, nccl_error: Optional[str] = None, rounds: int = 5,
+                 op_options: Optional[Dict[str, dict]] = None):
         self.comm = comm
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.flux = flux
@@ -49,6 +50,7 @@ class Suite:
         self.dtype = TORCH_DTYPES[dtype]
         self.iters, self.warmup, self.rotate = iters, warmup, rotate
         self.rounds = rounds
+        self.op_options = op_options or {}  # extra constructor keywords per op class, e.g. AllGatherGEMM engine
         self._pending: List[tuple] = []
         self.seed = seed
         self.verbose = verbose
@@ -96,7 +98,7 @@ class Suite:
             max_rows = self._max_rows.get(key)
             if max_rows is None:
                 raise RuntimeError(f"internal: no plan for {key}")
-            self._ops[key] = cls(max_rows, *dims, self.dtype)
+            self._ops[key] = cls(max_rows, *dims, self.dtype, **self.op_options.get(kind, {}))
         return self._ops[key]
 
     def _nccl(self, make: Callable[[], Callable]) -> Callable[[], Callable]:

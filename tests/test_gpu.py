@@ -39,11 +39,11 @@ def test_runtime_and_collectives(np_):
 
 @pytest.mark.parametrize("np_", [1, 2])
 def test_fused_gemms(np_):
-    assert_checks_passed(launch(np_, "gemm"), 4)
+    assert_checks_passed(launch(np_, "gemm"), 5)
 
 
 def test_fused_gemms_forced_put():
-    assert_checks_passed(launch(2, "gemm", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 4)
+    assert_checks_passed(launch(2, "gemm", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 5)
 
 
 def test_forced_put_path():

@@ -31,3 +31,8 @@ def test_check_tensor_messages():
         positive("max_rows", 0)
     with pytest.raises(ValueError, match="positive"):
         positive("max_rows", 2.5)
+
+
+def test_unknown_ag_engine_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match=r"engine must be one of \('sm', 'ce'\)"):
+        flux_shmem.AllGatherGEMM(1024, 256, 256, engine="dma")

@@ -32,6 +32,14 @@ def _check(result, what: str):
     return vals[0] if len(vals) == 1 else vals
 
 
+def copy_async(dst: int, src: int, nbytes: int, stream) -> None:
+    """Device-to-device copy of `nbytes` on `stream` (a torch stream) by the copy engine: no SM is used, so it
+    proceeds while a persistent kernel holds every SM. `dst`/`src` may be peer mappings (NVLink)."""
+    driver = _driver()
+    _check(driver.cuMemcpyDtoDAsync(dst, src, nbytes, driver.CUstream(stream.cuda_stream)),
+           f"cuMemcpyDtoDAsync({nbytes} bytes)")
+
+
 def device_arch(device_index: int | None = None) -> str:
     """The build arch for a CUDA device, e.g. '90a' for H100/H200 (wgmma kernels need the 'a' target)."""
     import torch

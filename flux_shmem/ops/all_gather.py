@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import abi
-from ..kernels.module import load
+from ..kernels.module import copy_async, load
 from ..runtime import signals, symmetric
 from ..runtime.bootstrap import get_runtime
 from ._validate import check_dtype, check_tensor, positive
@@ -47,6 +47,44 @@ class AllGather:
         self.flags = symmetric.zeros((W * self.max_chunks,), torch.int64)
         self.sync = signals.SyncState(self.rt)
         self._kernel = load("collectives").kernel("fs_all_gather")
+        self._peers: list[tuple[int, int]] | None = None  # (gather, flags) addresses per PE, for launch_ce
+
+    @property
+    def ce_capable(self) -> bool:
+        """The copy-engine path needs every PE load/store-reachable: one NVLink domain, no forced puts."""
+        rt = self.rt
+        return rt.node_size == rt.world_size and all(rt.is_reachable(p) for p in range(rt.world_size))
+
+    def launch_ce(self, x: torch.Tensor, stream) -> torch.Tensor:
+        """Copy-engine variant of `launch(x, stream, wait_all=False)`, for one NVLink domain: after a barrier
+        (every PE is past its previous call, so no one still reads the data about to be replaced; one block),
+        each chunk of x is copied by DMA into every PE's gather buffer, own buffer first, then an 8-byte DMA copy of
+        this PE's epoch word into that PE's flag of the chunk; stream order lands the flag after the data. No SM
+        moves data, so the GEMM beside it keeps all but the barrier's SMs."""
+        rt = self.rt
+        if not self.ce_capable:
+            raise ValueError("the copy-engine all-gather needs every PE in one NVLink domain (one node, no "
+                             "FLUX_SHMEM_FORCE_PUT): use engine='sm'")
+        W, me = rt.world_size, rt.rank
+        if self._peers is None:
+            self._peers = [(symmetric.peer(self.gather, p).data_ptr(), symmetric.peer(self.flags, p).data_ptr())
+                           for p in range(W)]
+        self.sync.barrier(stream)
+        rows = x.shape[0]
+        row_bytes = self.cols * x.element_size()
+        chunks = -(-rows // self.chunk_rows)
+        epoch, src = self.sync.epoch.data_ptr(), x.data_ptr()
+        # Own buffer first (this PE's GEMM starts with its own shard), then chunk by chunk to the peers in a
+        # rotation, so each peer gets the first chunks of every shard early.
+        order = [(me, c) for c in range(chunks)] + \
+            [((me + i) % W, c) for c in range(chunks) for i in range(1, W)]
+        for p, c in order:
+            r0 = c * self.chunk_rows
+            gather, flags = self._peers[p]
+            copy_async(gather + (me * rows + r0) * row_bytes, src + r0 * row_bytes,
+                       min(self.chunk_rows, rows - r0) * row_bytes, stream)
+            copy_async(flags + 8 * (me * chunks + c), epoch, 8, stream)
+        return self.gather[: W * rows]
 
     def __repr__(self) -> str:
         return (f"AllGather(max_rows={self.max_rows}, cols={self.cols}, dtype={self.dtype}, world="
