@@ -303,15 +303,20 @@ def ag_gemm_matches_torch(rt):
         a_all = gathered_inputs(rt, (256, 128), torch.bfloat16, seed)
         res.append((op(a_all[rt.rank], b), torch.cat(a_all).double() @ b.double()))
     assert max(rel_err(o, r) for o, r in res) < 1e-2, "back-to-back AllGatherGEMM calls wrong"
+    ag_gemm_graph_replays(rt, op, b, range(40, 43), "AllGatherGEMM")
+
+
+def ag_gemm_graph_replays(rt, op, b, seeds, what):
+    """Capture op(a [256, 128], b) once, then replay it on fresh inputs copied into a."""
     a = torch.empty((256, 128), device="cuda", dtype=torch.bfloat16)
     g, out = capture(lambda: op(a, b))
-    for seed in range(40, 43):
+    for seed in seeds:
         a_all = gathered_inputs(rt, (256, 128), torch.bfloat16, seed)
         a.copy_(a_all[rt.rank])
         g.replay()
         torch.cuda.synchronize()
         e = rel_err(out, torch.cat(a_all).double() @ b.double())
-        assert e < 1e-2, f"graph replay of AllGatherGEMM: rel err {e}"
+        assert e < 1e-2, f"graph replay of {what}: rel err {e}"
 
 
 @check("gemm")
@@ -340,15 +345,7 @@ def ag_gemm_copy_engine(rt):
         flux_shmem.barrier()
     op = flux_shmem.AllGatherGEMM(256 * W, 256, 128, torch.bfloat16, mode="fused", engine="ce", chunk_rows=64)
     b = weight(128, 256, "kn", torch.bfloat16, 8)
-    a = torch.empty((256, 128), device="cuda", dtype=torch.bfloat16)
-    g, out = capture(lambda: op(a, b))
-    for seed in range(60, 64):
-        a_all = gathered_inputs(rt, (256, 128), torch.bfloat16, seed)
-        a.copy_(a_all[rt.rank])
-        g.replay()
-        torch.cuda.synchronize()
-        e = rel_err(out, torch.cat(a_all).double() @ b.double())
-        assert e < 1e-2, f"graph replay of AllGatherGEMM(engine='ce'): rel err {e}"
+    ag_gemm_graph_replays(rt, op, b, range(60, 64), "AllGatherGEMM(engine='ce')")
 
 
 @check("gemm")
