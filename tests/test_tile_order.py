@@ -66,3 +66,38 @@ def test_swizzle_policy(monkeypatch):
     monkeypatch.setenv("FLUX_SHMEM_GEMM_SWIZZLE", "3")
     with pytest.raises(FluxShmemError, match="FLUX_SHMEM_GEMM_SWIZZLE"):
         swizzle_for(128, 2)
+
+
+@pytest.mark.parametrize("world,rows,chunk_rows", [(1, 64, 64), (2, 100, 40), (4, 256, 64), (8, 7, 3), (3, 5, 8)])
+def test_copy_engine_all_gather_plan(world, rows, chunk_rows):
+    """Simulate every PE's copy list on byte buffers: each PE's gather buffer ends up as the concatenation of the
+    shards, every (shard, chunk) flag is raised exactly once on every PE, and only after its chunk's bytes; each
+    PE fills its own buffer before any peer's."""
+    from flux_shmem.ops._schedule import ag_ce_copies
+
+    row_bytes = 6
+    chunks = -(-rows // chunk_rows)
+    shards = [bytes((17 * s + i) % 251 for i in range(rows * row_bytes)) for s in range(world)]
+    gather = [bytearray(world * rows * row_bytes) for _ in range(world)]
+    written = [[0] * (world * rows * row_bytes) for _ in range(world)]
+    raised = [[0] * (world * chunks) for _ in range(world)]
+    for me in range(world):
+        plan = ag_ce_copies(me, world, rows, chunk_rows, row_bytes)
+        assert len(plan) == world * chunks
+        assert [cp.dest for cp in plan[:chunks]] == [me] * chunks  # own buffer first
+        for cp in plan:
+            src = shards[me][cp.src_offset:cp.src_offset + cp.nbytes]
+            gather[cp.dest][cp.offset:cp.offset + cp.nbytes] = src
+            for i in range(cp.offset, cp.offset + cp.nbytes):
+                written[cp.dest][i] += 1
+            # the flag of (me, chunk) goes up after its bytes: every byte of the chunk's rows is in place
+            r0 = cp.chunk * chunk_rows
+            lo, hi = (me * rows + r0) * row_bytes, (me * rows + min(rows, r0 + chunk_rows)) * row_bytes
+            assert all(written[cp.dest][i] == 1 for i in range(lo, hi))
+            assert cp.flag == me * chunks + cp.chunk
+            raised[cp.dest][cp.flag] += 1
+    for pe in range(world):
+        assert bytes(gather[pe]) == b"".join(shards)
+        assert all(w == 1 for w in written[pe]) and all(f == 1 for f in raised[pe])
+    with pytest.raises(ValueError, match="geometry"):
+        ag_ce_copies(0, 2, 0, 8, 16)

@@ -10,6 +10,7 @@ from ..kernels import abi
 from ..kernels.module import copy_async, load
 from ..runtime import signals, symmetric
 from ..runtime.bootstrap import get_runtime
+from ._schedule import ag_ce_copies
 from ._validate import check_dtype, check_tensor, positive
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -71,19 +72,11 @@ class AllGather:
                            for p in range(W)]
         self.sync.barrier(stream)
         rows = x.shape[0]
-        row_bytes = self.cols * x.element_size()
-        chunks = -(-rows // self.chunk_rows)
         epoch, src = self.sync.epoch.data_ptr(), x.data_ptr()
-        # Own buffer first (this PE's GEMM starts with its own shard), then chunk by chunk to the peers in a
-        # rotation, so each peer gets the first chunks of every shard early.
-        order = [(me, c) for c in range(chunks)] + \
-            [((me + i) % W, c) for c in range(chunks) for i in range(1, W)]
-        for p, c in order:
-            r0 = c * self.chunk_rows
-            gather, flags = self._peers[p]
-            copy_async(gather + (me * rows + r0) * row_bytes, src + r0 * row_bytes,
-                       min(self.chunk_rows, rows - r0) * row_bytes, stream)
-            copy_async(flags + 8 * (me * chunks + c), epoch, 8, stream)
+        for cp in ag_ce_copies(me, W, rows, self.chunk_rows, self.cols * x.element_size()):
+            gather, flags = self._peers[cp.dest]
+            copy_async(gather + cp.offset, src + cp.src_offset, cp.nbytes, stream)
+            copy_async(flags + 8 * cp.flag, epoch, 8, stream)  # after the data, in stream order
         return self.gather[: W * rows]
 
     def __repr__(self) -> str:
