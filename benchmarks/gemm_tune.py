@@ -25,6 +25,11 @@ import statistics
 import subprocess
 import sys
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repo root (as run.py does)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    sys.path.insert(0, os.path.dirname(_HERE))
+
 # name -> FLUX_SHMEM_BUILD_DEFINES (the first is the default build: no defines)
 VARIANTS = {
     "t128x256c2x1": "",
@@ -63,6 +68,7 @@ def build(variants: list[str], family: str) -> int:
 def worker(args) -> int:
     import torch
 
+    from benchmarks import timing
     from flux_shmem.kernels import abi
     from flux_shmem.kernels import gemm as kgemm
 
@@ -106,28 +112,16 @@ def worker(args) -> int:
                 sets[0][2].fill_(float("nan"))
                 fn(0, key)
                 torch.cuda.synchronize()
-                out = sets[0][2].float()
                 if ref is None:
-                    ref = out.clone()
+                    ref = sets[0][2].float()
                     continue
-                err = (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
-                errs[key] = err if err == err else float("inf")
+                errs[key] = timing.relative_error(sets[0][2], ref)
             times = {key: [] for key, _ in cands}
-            for key, fn in cands:  # warm-up (clocks up, modules loaded)
-                for i in range(args.warmup):
-                    fn(i % len(sets), key)
-            torch.cuda.synchronize()
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(args.iters)]
+            idx = [(i,) for i in range(len(sets))]  # cuda_time rotates through these set indices
             for r in range(args.rounds):
-                order = cands if r % 2 == 0 else cands[::-1]
-                for key, fn in order:
-                    for i, (e0, e1) in enumerate(ev):
-                        e0.record()
-                        fn(i % len(sets), key)
-                        e1.record()
-                    torch.cuda.synchronize()
-                    times[key] += [e0.elapsed_time(e1) for e0, e1 in ev]
+                for key, fn in (cands if r % 2 == 0 else cands[::-1]):
+                    times[key] += timing.cuda_time(lambda i, fn=fn, key=key: fn(i, key), idx,
+                                                   warmup=args.warmup if r == 0 else 0, iters=args.iters)
             med = {key: statistics.median(t) for key, t in times.items()}
             flop = 2.0 * m * n * k
             for key in launches:

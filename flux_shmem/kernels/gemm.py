@@ -68,8 +68,9 @@ def swizzle_for(tiles_m: int, cluster_m: int, group_m_tiles: Optional[int] = Non
     8 unless the group would exceed `group_m_tiles` (default: all M-tiles). The fused ops pass the M-tiles of one
     shard / segment, so that the first wave of AllGather+GEMM needs local rows only and GEMM+ReduceScatter finishes
     segments one after another. Measured (benchmarks/gemm_tune.py, one H200, bf16, 8 LLM shapes x 2 B layouts,
-    interleaved with cuBLAS): 8 within 2% of the best swizzle on every shape, geometric mean 1.005 of cuBLAS,
-    where 1 loses up to 8% once N has many tiles. FLUX_SHMEM_GEMM_SWIZZLE=1|2|4|8 forces a value (tuning)."""
+    interleaved with cuBLAS; benchmarks/RESULTS.md): 8 within 2% of the best swizzle on every shape, 0.976-1.048
+    of cuBLAS (geometric mean 1.018), where 1 loses up to 7% on the large-K shapes.
+    FLUX_SHMEM_GEMM_SWIZZLE=1|2|4|8 forces a value (tuning)."""
     env = os.environ.get("FLUX_SHMEM_GEMM_SWIZZLE")
     if env:
         if not env.isdigit() or int(env) not in SWIZZLES:

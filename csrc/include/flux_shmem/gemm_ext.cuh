@@ -503,7 +503,6 @@ static_assert(cute::size<0>(TileShape{}) == kTileM && cute::size<1>(TileShape{})
 #include <dlfcn.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
