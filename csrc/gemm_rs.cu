@@ -4,8 +4,8 @@
 //
 // Kernels (one by-value parameter: the CUTLASS kernel's Params, filled by the host functions below):
 //   fs_gemm_rs_{bf16,fp16}_{kn,nk}   D[M,N] = A[M,K] x B + bias[N]; B "kn" = [K,N] row-major, "nk" = [N,K] row-major
-// Host library (FS_HOST_PASS): fs_gemm_rs_<dt>_<bl>_params / _params_size, fs_gemm_last_error, fs_gemm_tile_m/n,
-// fs_gemm_cluster_m/n, fs_abi_sizeof / fs_abi_offsetof.
+// Host library (FS_HOST_PASS): fs_gemm_rs_<dt>_<bl>_params / _params_size / _workspace_size, fs_gemm_last_error,
+// fs_gemm_tile_m/n, fs_gemm_cluster_m/n, fs_gemm_pingpong, fs_abi_sizeof / fs_abi_offsetof.
 #include "flux_shmem/gemm_ext.cuh"
 
 namespace fs {
@@ -31,8 +31,9 @@ namespace fs {
 namespace gemm {
 namespace host {
 
+// Checks `a` and fills the CUTLASS arguments; kOk or an error code with last_error set.
 template <class Cfg>
-int rs_params(const char* kname, const FsGemmRsArgs* a, void* params_out, size_t params_cap, FsLaunch* launch) {
+int rs_args(const char* kname, const FsGemmRsArgs* a, typename Cfg::Kernel::Arguments& args) {
   if (a == nullptr) return fail(kErrArgs, std::string(kname) + ": null args");
   int rc = check_problem(kname, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count,
                          a->swizzle, sizeof(typename Cfg::ElementA));
@@ -46,28 +47,45 @@ int rs_params(const char* kname, const FsGemmRsArgs* a, void* params_out, size_t
       return fail(kErrArgs, buf);
     }
   }
-  typename Cfg::Kernel::Arguments args{};
   fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
-                     a->swizzle);
+                     a->swizzle, a->splits);
   args.epilogue.rows_ready = a->rows_ready;
   args.epilogue.bar = a->bar;
   args.epilogue.group_first = a->group_first;
   args.epilogue.group_size = a->group_size;
   args.epilogue.epoch = a->epoch;
   args.epilogue.ctx = to_ctx(a->ctx);
-  return finish_params<typename Cfg::Kernel>(kname, args, params_out, params_cap, launch);
+  return kOk;
+}
+
+template <class Cfg>
+int rs_params(const char* kname, const FsGemmRsArgs* a, void* params_out, size_t params_cap, FsLaunch* launch) {
+  typename Cfg::Kernel::Arguments args{};
+  const int rc = rs_args<Cfg>(kname, a, args);
+  if (rc != kOk) return rc;
+  return finish_params<typename Cfg::Kernel>(kname, args, a->workspace, a->workspace_bytes, params_out, params_cap,
+                                             launch);
+}
+
+template <class Cfg>
+int64_t rs_workspace_size(const char* kname, const FsGemmRsArgs* a) {
+  typename Cfg::Kernel::Arguments args{};
+  return workspace_bytes<typename Cfg::Kernel>(kname, rs_args<Cfg>(kname, a, args), args);
 }
 
 }  // namespace host
 }  // namespace gemm
 }  // namespace fs
 
-#define FS_RS_HOST(dt, bl, Cfg)                                                                            \
+#define FS_RS_HOST(dt, bl, Cfg)                                                                              \
   extern "C" int fs_gemm_rs_##dt##_##bl##_params(const FsGemmRsArgs* a, void* params_out, size_t params_cap, \
-                                                 FsLaunch* launch) {                                        \
+                                                 FsLaunch* launch) {                                         \
     return fs::gemm::host::rs_params<Cfg>("fs_gemm_rs_" #dt "_" #bl, a, params_out, params_cap, launch);     \
-  }                                                                                                         \
-  extern "C" size_t fs_gemm_rs_##dt##_##bl##_params_size() { return sizeof(Cfg::Kernel::Params); }
+  }                                                                                                          \
+  extern "C" size_t fs_gemm_rs_##dt##_##bl##_params_size() { return sizeof(Cfg::Kernel::Params); }           \
+  extern "C" int64_t fs_gemm_rs_##dt##_##bl##_workspace_size(const FsGemmRsArgs* a) {                        \
+    return fs::gemm::host::rs_workspace_size<Cfg>("fs_gemm_rs_" #dt "_" #bl, a);                             \
+  }
 
 FS_RS_HOST(bf16, kn, fs::gemm::RsBf16Kn)
 FS_RS_HOST(bf16, nk, fs::gemm::RsBf16Nk)

@@ -1,39 +1,69 @@
-"""Build every kernel ahead of time: `python -m flux_shmem.build [--family F] [--arch 90a] [--force] [--list]`.
+"""Build every kernel ahead of time: `python -m flux_shmem.build [--family F] [--config C|all] [--arch 90a] [--jobs N]
+[--force] [--list]`.
 
 Fills the on-disk cache (`$FLUX_SHMEM_CACHE`, default ~/.cache/flux_shmem) that ops load from; without it, each
-family is built on first use. Needs nvcc but no GPU.
+family (and, for the GEMM families, each kernel configuration: flux_shmem/kernels/registry.py) is built on first
+use. Needs nvcc but no GPU. Each build runs its device and host passes at once; `--jobs` builds several at once.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import sys
 import time
 
-from .errors import BuildError
+from .errors import FluxShmemError
 from .kernels import build as kb
+from .kernels import registry
+
+
+def _targets(fams: list[str], configs: list[str] | None, archs: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
+    out = []
+    for fam in fams:
+        if kb.is_gemm_family(fam):
+            cfgs = list(registry.names()) if configs == ["all"] else (configs or [registry.DEFAULT])
+            for c in cfgs:
+                registry.get(c)  # unknown names fail here, before anything is built
+        else:
+            cfgs = [None]
+        out += [(fam, c, arch) for c in cfgs for arch in archs]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flux_shmem.build", description=__doc__.splitlines()[0])
     p.add_argument("--family", action="append", help="kernel family (csrc/<family>.cu); default: all")
+    p.add_argument("--config", action="append",
+                   help=f"GEMM kernel configuration, repeatable, or 'all' (default: {registry.DEFAULT}); one of "
+                        f"{', '.join(registry.names())}")
     p.add_argument("--arch", action="append", help="target arch such as 90a; default: $FLUX_SHMEM_ARCHS or 90a")
+    p.add_argument("--jobs", type=int, default=1, help="builds at once (each runs 2 nvcc processes)")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.add_argument("--list", action="store_true", help="print families and cache paths, build nothing")
     args = p.parse_args(argv)
     try:
         fams = args.family or kb.families()
         archs = tuple(args.arch) if args.arch else kb.archs_from_env()
-        for fam in fams:
-            for arch in archs:
-                if args.list:
-                    hit = kb.cached(fam, arch)
-                    print(f"{fam:16s} sm_{arch:4s} {'cached ' + str(hit.cubin) if hit else 'not built'}")
-                    continue
-                t0 = time.time()
-                art = kb.build(fam, arch, force=args.force)
-                print(f"{fam:16s} sm_{arch:4s} {time.time() - t0:6.1f} s  {art.cubin}"
-                      + (f"  {art.host_lib.name}" if art.host_lib else ""), flush=True)
-    except BuildError as e:
+        targets = _targets(fams, args.config, archs)
+        if args.list:
+            for fam, cfg, arch in targets:
+                hit = kb.cached(fam, arch, cfg)
+                label = fam if cfg is None else f"{fam} [{cfg}]"
+                print(f"{label:34s} sm_{arch:4s} {'cached ' + str(hit.cubin) if hit else 'not built'}")
+            return 0
+
+        def one(target):
+            fam, cfg, arch = target
+            t0 = time.time()
+            art = kb.build(fam, arch, config=cfg, force=args.force)
+            label = fam if cfg is None else f"{fam} [{cfg}]"
+            print(f"{label:34s} sm_{arch:4s} {time.time() - t0:6.1f} s  {art.cubin.name}"
+                  + (f"  {art.host_lib.name}" if art.host_lib else ""), flush=True)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for fut in [pool.submit(one, t) for t in targets]:
+                fut.result()
+    except FluxShmemError as e:  # build failures, unknown configuration names
         print(f"flux_shmem.build: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,13 +1,18 @@
 """Compile `csrc/<family>.cu` into cubins with nvcc, device-linked against NVSHMEM's `libnvshmem_device.a`.
 
-Each family is compiled in up to two passes from the same source:
-  * device pass (`-DFS_DEVICE_PASS`, `-rdc=true`, then `nvcc -dlink -cubin` with the NVSHMEM device library):
-    the cubin that `flux_shmem.kernels.module` loads;
+Each family is compiled in up to two passes from the same source (run at the same time):
+  * device pass (`-DFS_DEVICE_PASS`; for families calling NVSHMEM `-rdc=true`, then `nvcc -dlink -cubin` with the
+    NVSHMEM device library): the cubin that `flux_shmem.kernels.module` loads;
   * host pass (`-DFS_HOST_PASS`, `-shared`), only for sources that mention FS_HOST_PASS: a small shared library
     whose C functions fill CUTLASS kernel parameter blocks (TMA descriptors are made on the host).
 
-Artifacts are cached on disk under a key made of the sources' hash, the arch, the build flags and the NVSHMEM and
-CUTLASS versions, so a different NVSHMEM never loads a cubin linked against another one.
+The GEMM families (sources that include flux_shmem/gemm_ext.cuh) are built once per kernel configuration of the
+registry (flux_shmem/kernels/registry.py): the configuration's FS_GEMM_* macros are -D flags.
+
+Artifacts are cached on disk under a key made of the sources' hash, the arch, the build flags (configuration
+included), the CUTLASS version and, for families linked with NVSHMEM, the NVSHMEM version, so a different NVSHMEM
+never loads a cubin linked against another one (and GEMM cubins, which do not link it, stay valid across NVSHMEM
+versions).
 """
 from __future__ import annotations
 
@@ -20,12 +25,14 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
+from . import registry
 
 DEFAULT_ARCHS = ("90a",)
 _CXX_FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fno-strict-aliasing", "-DNDEBUG")
@@ -140,28 +147,43 @@ def uses_nvshmem(family: str) -> bool:
     return "<nvshmem.h>" in (csrc_dir() / f"{family}.cu").read_text()
 
 
-def extra_defines() -> tuple[str, ...]:
-    """`FLUX_SHMEM_BUILD_DEFINES="FS_GEMM_TILE_M=256 FS_GEMM_TILE_N=128"`: -D flags for tuning builds (in the key)."""
-    raw = os.environ.get("FLUX_SHMEM_BUILD_DEFINES", "")
-    defs = tuple(d for d in raw.replace(",", " ").split() if d)
-    for d in defs:
-        if not re.fullmatch(r"FS_[A-Z0-9_]+(=[A-Za-z0-9_]+)?", d):
-            raise BuildError(f"FLUX_SHMEM_BUILD_DEFINES entry {d!r} is not NAME or NAME=VALUE with an FS_ name")
-    return tuple(f"-D{d}" for d in defs)
+def is_gemm_family(family: str) -> bool:
+    """Families built per kernel configuration of the registry: their source includes the CUTLASS extensions."""
+    return "flux_shmem/gemm_ext.cuh" in (csrc_dir() / f"{family}.cu").read_text()
 
 
-def _flags() -> tuple[str, ...]:
-    return _CXX_FLAGS + extra_defines()
+def gemm_families() -> list[str]:
+    return [f for f in families() if is_gemm_family(f)]
 
 
-def cache_key(family: str, arch: str) -> str:
+def resolve_config(family: str, config: "str | registry.KernelConfig | None") -> "registry.KernelConfig | None":
+    """The registry entry a build of `family` uses (the default one when None), or None for non-GEMM families."""
+    if not is_gemm_family(family):
+        if config is not None:
+            raise BuildError(f"family {family!r} has no kernel configurations (only {gemm_families()} do); "
+                             f"got config={config!r}")
+        return None
+    try:
+        return registry.get(config)
+    except Exception as e:  # FluxShmemError from the registry: report it as a build error
+        raise BuildError(str(e)) from None
+
+
+def _flags(cfg: "registry.KernelConfig | None") -> tuple[str, ...]:
+    return _CXX_FLAGS + (tuple(f"-D{d}" for d in cfg.defines) if cfg is not None else ())
+
+
+def cache_key(family: str, arch: str, config: "str | registry.KernelConfig | None" = None) -> str:
     tc = toolchain()
+    cfg = resolve_config(family, config)
     h = hashlib.sha256()
     for p in _sources(family):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join(_flags()).encode())
-    return f"{family}-sm{arch}-nvshmem{tc.nvshmem_version}-cutlass{tc.cutlass_version}-{h.hexdigest()[:16]}"
+    h.update(" ".join(_flags(cfg)).encode())
+    name = family if cfg is None else f"{family}-{cfg.name}"
+    nvshmem = f"-nvshmem{tc.nvshmem_version}" if uses_nvshmem(family) else ""
+    return f"{name}-sm{arch}{nvshmem}-cutlass{tc.cutlass_version}-{h.hexdigest()[:16]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,73 +192,98 @@ class Artifacts:
     arch: str
     cubin: Path
     host_lib: Path | None
+    config: str | None = None  # registry entry of a GEMM family's build
 
 
 def _gencode(arch: str) -> str:
     return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
-def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BuildError(f"{what} failed (exit {proc.returncode}):\n$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+def _run_all(steps: list[list[tuple[list[str], str]]]) -> None:
+    """Run several sequences of commands at once (each sequence in order); raise on the first failure."""
+    procs = []
+    for seq in steps:
+        procs.append(subprocess.Popen(["/bin/sh", "-c", " && ".join(_sh(c) for c, _ in seq)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    failures = []
+    for seq, proc in zip(steps, procs):
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            what = " / ".join(w for _, w in seq)
+            cmds = "\n".join("$ " + " ".join(c) for c, _ in seq)
+            failures.append(f"{what} failed (exit {proc.returncode}):\n{cmds}\n{out}")
+    if failures:
+        raise BuildError("\n".join(failures))
 
 
-def _artifact_paths(family: str, arch: str) -> tuple[Path, Path]:
-    key = cache_key(family, arch)
+def _sh(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def _artifact_paths(family: str, arch: str, config=None) -> tuple[Path, Path]:
+    key = cache_key(family, arch, config)
     return cache_dir() / f"{key}.cubin", cache_dir() / f"lib{key}.so"
 
 
-def cached(family: str, arch: str) -> Artifacts | None:
-    """The cached artifacts for this family and arch, or None when they must be built."""
-    cubin, lib = _artifact_paths(family, arch)
+def cached(family: str, arch: str, config: "str | registry.KernelConfig | None" = None) -> Artifacts | None:
+    """The cached artifacts for this family, arch (and GEMM configuration), or None when they must be built."""
+    cfg = resolve_config(family, config)
+    cubin, lib = _artifact_paths(family, arch, cfg)
     host = needs_host_lib(family)
     if cubin.exists() and (not host or lib.exists()):
-        return Artifacts(family, arch, cubin, lib if host else None)
+        return Artifacts(family, arch, cubin, lib if host else None, cfg.name if cfg else None)
     return None
 
 
-def build(family: str, arch: str = DEFAULT_ARCHS[0], *, force: bool = False, verbose: bool = False) -> Artifacts:
-    """Build (or reuse from the cache) the cubin and host library of one family for one arch."""
-    if not force and (hit := cached(family, arch)) is not None:
+def build(family: str, arch: str = DEFAULT_ARCHS[0], *, config: "str | registry.KernelConfig | None" = None,
+          force: bool = False, verbose: bool = False) -> Artifacts:
+    """Build (or reuse from the cache) the cubin and host library of one family for one arch; GEMM families are
+    built per kernel configuration (`config`: a registry name; None = the default)."""
+    cfg = resolve_config(family, config)
+    if not force and (hit := cached(family, arch, cfg)) is not None:
         return hit
     tc = toolchain()
     if tc.nvshmem_root is None or not tc.nvshmem_device_lib.exists():
         raise BuildError("NVSHMEM device library not found: `pip install nvidia-nvshmem-cu13` "
                          "(headers and libnvshmem_device.a come from that wheel)")
     nvcc = nvcc_path()
-    cubin, lib = _artifact_paths(family, arch)
+    cubin, lib = _artifact_paths(family, arch, cfg)
     cubin.parent.mkdir(parents=True, exist_ok=True)
     src = csrc_dir() / f"{family}.cu"
+    what = family if cfg is None else f"{family} [{cfg.name}]"
     # One builder per artifact across processes: several ranks of one node may start at once.
     with open(f"{cubin}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and (hit := cached(family, arch)) is not None:
+        if not force and (hit := cached(family, arch, cfg)) is not None:
             return hit
         with tempfile.TemporaryDirectory(dir=cubin.parent) as tmp:
             obj = Path(tmp) / f"{family}.o"
-            common = [nvcc, _gencode(arch), *_flags(), *tc.includes()]
+            common = [nvcc, _gencode(arch), *_flags(cfg), *tc.includes()]
             tmp_cubin = Path(tmp) / "out.cubin"
             if uses_nvshmem(family):
-                _run(common + ["-rdc=true", "-DFS_DEVICE_PASS", "-c", str(src), "-o", str(obj)],
-                     f"nvcc device pass of {family}")
-                _run([nvcc, _gencode(arch), "-dlink", "-cubin", str(obj), str(tc.nvshmem_device_lib),
-                      "-o", str(tmp_cubin)], f"nvcc device link of {family} with libnvshmem_device.a")
+                device = [(common + ["-rdc=true", "-DFS_DEVICE_PASS", "-c", str(src), "-o", str(obj)],
+                           f"nvcc device pass of {what}"),
+                          ([nvcc, _gencode(arch), "-dlink", "-cubin", str(obj), str(tc.nvshmem_device_lib),
+                            "-o", str(tmp_cubin)], f"nvcc device link of {what} with libnvshmem_device.a")]
             else:  # plain whole-program cubin: no relocatable code, better codegen
-                _run(common + ["-DFS_DEVICE_PASS", "-cubin", str(src), "-o", str(tmp_cubin)],
-                     f"nvcc device pass of {family}")
+                device = [(common + ["-DFS_DEVICE_PASS", "-cubin", str(src), "-o", str(tmp_cubin)],
+                           f"nvcc device pass of {what}")]
+            steps = [device]
             host = needs_host_lib(family)
+            tmp_lib = Path(tmp) / "out.so"
             if host:
-                tmp_lib = Path(tmp) / "out.so"
-                _run(common + ["-DFS_HOST_PASS", "-shared", "-Xcompiler=-fPIC", str(src), "-o", str(tmp_lib)],
-                     f"nvcc host pass of {family}")
+                steps.append([(common + ["-DFS_HOST_PASS", "-shared", "-Xcompiler=-fPIC", str(src), "-o",
+                                         str(tmp_lib)], f"nvcc host pass of {what}")])
+            _run_all(steps)
+            if host:
                 os.replace(tmp_lib, lib)
-            meta = {"family": family, "arch": arch, "nvshmem": tc.nvshmem_version, "cutlass": tc.cutlass_version,
-                    "defines": list(extra_defines()),
+            meta = {"family": family, "arch": arch, "config": cfg.name if cfg else None,
+                    "nvshmem": tc.nvshmem_version if uses_nvshmem(family) else None, "cutlass": tc.cutlass_version,
+                    "defines": list(cfg.defines) if cfg else [],
                     "nvcc": subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
                     .splitlines()[-1]}
             Path(f"{cubin}.json").write_text(json.dumps(meta, indent=1))
             os.replace(tmp_cubin, cubin)
     if verbose:
         print(f"built {cubin}")
-    return Artifacts(family, arch, cubin, lib if needs_host_lib(family) else None)
+    return Artifacts(family, arch, cubin, lib if needs_host_lib(family) else None, cfg.name if cfg else None)

@@ -125,17 +125,18 @@ class Kernel:
 
 
 class Module:
-    """A family's cubin (built or taken from the cache), NVSHMEM-initialised when it uses NVSHMEM."""
+    """A family's cubin (built or taken from the cache; GEMM families per kernel configuration), NVSHMEM-initialised
+    when it uses NVSHMEM."""
 
-    def __init__(self, family: str):
-        import nvshmem.core as nv
+    def __init__(self, family: str, config: str | None = None):
         from cuda.core import ObjectCode
-        self.family = family
-        art = kbuild.build(family, device_arch())
+        self.family, self.config = family, config
+        art = kbuild.build(family, device_arch(), config=config)
         import torch
         torch.empty(1, device="cuda")  # the device's primary context must exist (and be current) to load
         self.obj = ObjectCode.from_cubin(art.cubin.read_bytes())
         if kbuild.uses_nvshmem(family):
+            import nvshmem.core as nv
             self._nv_obj = nv.NvshmemKernelObject.from_obj(self.obj)
             nv.library_init(self._nv_obj)
         self.host_lib = ctypes.CDLL(str(art.host_lib)) if art.host_lib else None
@@ -147,7 +148,16 @@ class Module:
         return self._kernels[name]
 
 
+def load(family: str, config: str | None = None) -> Module:
+    """The loaded module of a family (of one kernel configuration for the GEMM families; None = the default); one
+    per process and configuration. Families that use NVSHMEM need it initialised first; the GEMM families do not."""
+    cfg = kbuild.resolve_config(family, config)
+    return _load(family, cfg.name if cfg is not None else None)
+
+
 @functools.lru_cache(maxsize=None)
-def load(family: str) -> Module:
-    """The loaded module of a family; one per process (NVSHMEM must be initialised first)."""
-    return Module(family)
+def _load(family: str, config: str | None) -> Module:
+    return Module(family, config)
+
+
+load.cache_clear = _load.cache_clear  # type: ignore[attr-defined]  # finalize() forgets every loaded module

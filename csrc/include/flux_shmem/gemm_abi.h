@@ -51,6 +51,11 @@ typedef struct FsAgGemmArgs {
   int32_t swizzle;               /* 1, 2, 4 or 8 (0 = 1): CTAs walk groups of swizzle * cluster_m M-tiles */
   int32_t pad_;
   FsCtx ctx;
+  /* added for split-K (issue 11); new fields go at the end */
+  int32_t splits;                /* K splits per output tile (0 = 1); > 1 needs the workspace */
+  int32_t pad1_;
+  void* workspace;               /* zeroed once when allocated (the kernel resets its locks), or NULL */
+  uint64_t workspace_bytes;      /* size of workspace (fs_<family>_<dt>_<bl>_workspace_size) */
 } FsAgGemmArgs;
 
 /* GEMM + ReduceScatter: D[M,N] (local partial) = A[M,K] x B + bias[N]; signals rows_ready per M-tile. */
@@ -71,6 +76,10 @@ typedef struct FsGemmRsArgs {
   int32_t swizzle;               /* as in FsAgGemmArgs */
   int32_t pad_;
   FsCtx ctx;
+  int32_t splits;                /* as in FsAgGemmArgs */
+  int32_t pad1_;
+  void* workspace;
+  uint64_t workspace_bytes;
 } FsGemmRsArgs;
 
 #ifdef __cplusplus

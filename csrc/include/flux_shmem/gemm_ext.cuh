@@ -1,13 +1,15 @@
 // CUTLASS extensions shared by the GEMM families (ag_gemm.cu, gemm_rs.cu), written against CUTLASS 4.2's sm90
 // extension points:
-//   * OrderedTileScheduler: a persistent tile scheduler (wraps PersistentTileSchedulerSm90) that visits M-tiles in
-//     the order of a device array and rasters along N; plugged in with the tag OrderedPersistentScheduler through a
+//   * OrderedTileScheduler: a persistent tile scheduler (extends PersistentTileSchedulerSm90) that visits M-tiles in
+//     the order of a device array, rasters along N with swizzle groups but no padding tiles, and splits K at run
+//     time (cooperative kernels); plugged in with the tag OrderedPersistentScheduler<split_k> through a
 //     specialization of cutlass::gemm::kernel::detail::TileSchedulerSelector.
 //   * AgMainloop<Base>: the sm90 TMA warp-specialized mainloop whose producer first waits for the all-gather chunks
 //     covering the tile's rows.
 //   * RsEpilogue<Base>: the sm90 TMA warp-specialized epilogue that, before its first store, waits for its peers'
 //     arrival slots, and after each tile raises the tile row's rows_ready counter.
-//   * GemmConfig<...>: the kernel types (128x256x64 cooperative, cluster 2x1x1, D = acc + bias[n]).
+//   * GemmConfig<...>: the kernel types of one build (tile, cluster and cooperative or pingpong schedule from the
+//     FS_GEMM_* macros set by the configuration registry, flux_shmem/kernels/registry.py; D = acc + bias[n]).
 //   * host helpers (FS_HOST_PASS only): error string, ABI introspection, the TMA-descriptor driver shim and the
 //     generic "fill Params + launch geometry" routine.
 //
@@ -29,6 +31,8 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/arch/barrier.h"
+#include "cutlass/barrier.h"
+#include "cutlass/block_striped.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -39,6 +43,7 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "flux_shmem/gemm_abi.h"
+#include "flux_shmem/gemm_schedule.cuh"
 #include "flux_shmem/signal.cuh"
 #include "flux_shmem/tile_schedule.cuh"
 
@@ -77,84 +82,208 @@ __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Ordered persistent tile scheduler
+// Ordered persistent tile scheduler, with optional split-K
 // ------------------------------------------------------------------------------------------------------------------
 
-// Scheduler tag: pass as the 4th template argument of cutlass::gemm::kernel::GemmUniversal.
+// Scheduler tag: pass as the 4th template argument of cutlass::gemm::kernel::GemmUniversal. kSplitK: the kernel can
+// split K at run time (Arguments::splits); only the cooperative kernel calls the scheduler's fixup, so pingpong
+// kernels take kSplitK = false.
+template <bool kSplitK>
 struct OrderedPersistentScheduler {};
 
-// PersistentTileSchedulerSm90 with raster along N (all N-tiles of an M-tile before the next M-tile; with swizzle s,
-// of a group of s clusters of M-tiles before the next group), and the M index of every work tile mapped through
-// m_tile_order (a permutation of [0, tiles_m); null = identity).
-// With a cluster of C CTAs along M, the CTAs of one cluster take order[C*i .. C*i+C-1] at the same N-tile; when
-// tiles_m is not a multiple of C the padding M-tiles (index >= tiles_m) are not mapped and fall outside the problem
-// (CUTLASS predicates them away, the epilogue raises no counter for them).
+// A persistent tile scheduler (CUTLASS's PersistentTileSchedulerSm90 extended) that
+//   * numbers work units as fs::unit_at (gemm_schedule.cuh): raster along N, swizzle groups of `max_swizzle_size`
+//     clusters along M, no padding tiles beyond whole clusters, the K splits of a tile consecutive;
+//   * maps the M index of every work tile through m_tile_order (a permutation of [0, tiles_m); null = identity).
+//     The CTAs of a cluster of C CTAs along M take order[C*i .. C*i+C-1] at the same N-tile; when tiles_m is not a
+//     multiple of C the padding M-tiles (index >= tiles_m) are not mapped and fall outside the problem (CUTLASS
+//     predicates them away, the epilogue raises no counter for them);
+//   * with kSplitK and splits > 1, splits K for the tiles of the last, partial wave (all tiles when there are fewer
+//     than one wave; fs::unit_at), reduces the splits of a tile in a workspace (fp32 partials + one lock per tile
+//     and consumer warpgroup) in split order (deterministic), and lets only the last split run the epilogue. The
+//     last split resets its lock to 0, so the workspace needs zeroing once, when allocated, not per launch
+//     (launches of one stream do not overlap; CUDA-graph replays stay correct).
+template <class TileShape, class ClusterShape, bool kSplitK>
 class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
+  static constexpr int kTileM = static_cast<int>(cute::size<0>(TileShape{}));
+  static constexpr int kTileN = static_cast<int>(cute::size<1>(TileShape{}));
+  static constexpr int kTileK = static_cast<int>(cute::size<2>(TileShape{}));
+  static constexpr int kClusterM = static_cast<int>(cute::size<0>(ClusterShape{}));
+  static constexpr int kClusterN = static_cast<int>(cute::size<1>(ClusterShape{}));
+  // Named barriers of the split-K reduction: CUTLASS's stream-K ids (one per consumer warpgroup).
+  static constexpr uint32_t kReduceBarrier0 =
+      static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
+  using ReduceBarrier = cutlass::NamedBarrierManager<cutlass::NumThreadsPerWarpGroup, kReduceBarrier0, 2>;
+  using Lock = typename ReduceBarrier::T;
 
  public:
-  using WorkTileInfo = typename Base::WorkTileInfo;
+  static constexpr int kMaxSplits = kSplitK ? 16 : 1;
   using RasterOrder = typename Base::RasterOrder;
   using RasterOrderOptions = typename Base::RasterOrderOptions;
 
+  struct WorkTileInfo {
+    int32_t M_idx = 0;
+    int32_t N_idx = 0;
+    int32_t L_idx = 0;
+    bool is_valid_tile = false;
+    int32_t split = 0;    // this unit's K split, 0 .. splits-1
+    int32_t splits = 1;   // K splits of this tile (1: whole)
+    int32_t k_start = 0;
+    int32_t k_count = 0;
+    int32_t slot = -1;    // the CTA tile's reduction slot when split
+
+    CUTLASS_HOST_DEVICE bool is_valid() const { return is_valid_tile; }
+    CUTLASS_HOST_DEVICE static WorkTileInfo invalid_work_tile() { return {-1, -1, -1, false, 0, 1, 0, 0, -1}; }
+    CUTLASS_HOST_DEVICE int32_t reduction_subtile_idx() const { return -1; }  // no separate reduction units
+  };
+
   struct Arguments : Base::Arguments {
     const int32_t* m_tile_order = nullptr;
+    int32_t splits = 1;
   };
 
   struct Params : Base::Params {
     const int32_t* m_tile_order = nullptr;
+    fs::UnitGrid grid{};
+    int64_t units = 0;
     int32_t tiles_m = 0;
     int32_t pad_ = 0;
+    void* reduction = nullptr;   // fp32 partials, one kTileM x kTileN tile per split CTA tile
+    Lock* locks = nullptr;       // one per split CTA tile and consumer warpgroup, zero between launches
   };
 
-  template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
+  // Persistent clusters on hw_info.sm_count SMs (CUTLASS's rule, which the launch grid follows).
+  static int64_t persistent_clusters(cutlass::KernelHardwareInfo const& hw_info) {
+    const dim3 all{static_cast<uint32_t>(1u << 20), 1u, 1u};  // problem size does not truncate this grid
+    const dim3 grid = Base::Params::get_grid_shape(all, cutlass::gemm::GemmCoord(kClusterM, kClusterN, 1), hw_info, 1,
+                                                   RasterOrderOptions::AlongN, /*truncate_by_problem_size=*/false);
+    return static_cast<int64_t>(grid.x) * grid.y * grid.z / (kClusterM * kClusterN);
+  }
+
+  static fs::UnitGrid unit_grid(int64_t m, int64_t n, int64_t k, int swizzle, int splits,
+                                cutlass::KernelHardwareInfo const& hw_info) {
+    fs::UnitGrid g;
+    g.clusters_m = fs::ceil_div_int(fs::tiles_along(m, kTileM), kClusterM);
+    g.clusters_n = fs::ceil_div_int(fs::tiles_along(n, kTileN), kClusterN);
+    g.group = swizzle < 1 ? 1 : (swizzle > g.clusters_m ? g.clusters_m : swizzle);
+    g.k_tiles = fs::tiles_along(k, kTileK);
+    g.splits = splits < 1 ? 1 : splits;
+    g.dp_tiles = fs::dp_tiles_for(g, persistent_clusters(hw_info));
+    return g;
+  }
+
+  static size_t split_cta_tiles(fs::UnitGrid const& g) {
+    return size_t(fs::cluster_tiles(g) - g.dp_tiles) * kClusterM * kClusterN;
+  }
+
+  static size_t reduction_bytes(fs::UnitGrid const& g) {
+    return (split_cta_tiles(g) * kTileM * kTileN * sizeof(float) + 127) / 128 * 128;
+  }
+
+  static size_t lock_bytes(fs::UnitGrid const& g, uint32_t consumer_groups) {
+    return split_cta_tiles(g) * consumer_groups * sizeof(Lock);
+  }
+
+  template <class ProblemShapeMNKL>
   static Params to_underlying_arguments(ProblemShapeMNKL problem_shape_mnkl, TileShape tile_shape,
                                         ClusterShape cluster_shape, cutlass::KernelHardwareInfo const& hw_info,
                                         Arguments const& args, void* workspace = nullptr,
                                         const uint32_t epilogue_subtile = 1,
                                         uint32_t ktile_start_alignment_count = 1u) {
     typename Base::Arguments base_args;
-    base_args.max_swizzle_size = args.max_swizzle_size;  // 1: strict M-tile order; s: groups of s clusters
+    base_args.max_swizzle_size = 1;  // the base Params are kept for CUTLASS's kernel code; units come from `grid`
     base_args.raster_order = RasterOrderOptions::AlongN;
     Params p;
     static_cast<typename Base::Params&>(p) =
         Base::to_underlying_arguments(problem_shape_mnkl, tile_shape, cluster_shape, hw_info, base_args, workspace,
                                       epilogue_subtile, ktile_start_alignment_count);
+    const int64_t m = cute::get<0>(problem_shape_mnkl), n = cute::get<1>(problem_shape_mnkl),
+                  k = cute::get<2>(problem_shape_mnkl);
     p.m_tile_order = args.m_tile_order;
-    p.tiles_m = fs::tiles_along(static_cast<long long>(cute::get<0>(problem_shape_mnkl)),
-                                static_cast<int>(cute::size<0>(tile_shape)));
+    p.grid = unit_grid(m, n, k, args.max_swizzle_size, args.splits, hw_info);
+    p.units = fs::unit_count(p.grid);
+    p.tiles_m = fs::tiles_along(m, kTileM);
+    if (kSplitK && split_cta_tiles(p.grid) > 0 && workspace != nullptr) {
+      p.reduction = workspace;
+      p.locks = reinterpret_cast<Lock*>(static_cast<char*>(workspace) + reduction_bytes(p.grid));
+    }
     return p;
   }
 
-  // The kernel asks for the grid with arguments rebuilt from Params (raster AlongN, the swizzle it was made with).
-  template <class ProblemShapeMNKL, class BlockShape, class ClusterShape>
-  CUTLASS_HOST_DEVICE static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL problem_shape_mnk,
-                                                 BlockShape cta_shape, ClusterShape cluster_shape,
+  static bool can_implement(Arguments const& args) {
+    return args.max_swizzle_size >= 1 && args.splits >= 1 && args.splits <= kMaxSplits;
+  }
+
+  template <class ProblemShape, class ElementAccumulator>
+  static size_t get_workspace_size(Arguments const& args, ProblemShape problem_shape,
+                                   cutlass::KernelHardwareInfo const& hw_info, uint32_t consumer_groups,
+                                   const uint32_t = 1, uint32_t = 1) {
+    static_assert(cute::is_same_v<ElementAccumulator, float>, "split-K partials are fp32");
+    if (!kSplitK || args.splits <= 1) return 0;
+    const fs::UnitGrid g = unit_grid(cute::get<0>(problem_shape), cute::get<1>(problem_shape),
+                                     cute::get<2>(problem_shape), args.max_swizzle_size, args.splits, hw_info);
+    if (split_cta_tiles(g) == 0) return 0;
+    return reduction_bytes(g) + lock_bytes(g, consumer_groups);
+  }
+
+  // The locks are zeroed once by whoever allocates the workspace (flux_shmem/kernels/gemm.py) and reset by the
+  // kernel itself, so there is nothing to do per launch.
+  template <class ProblemShape, class ElementAccumulator>
+  static cutlass::Status initialize_workspace(Arguments const&, void*, cudaStream_t, ProblemShape,
+                                              cutlass::KernelHardwareInfo const&, uint32_t, const uint32_t = 1,
+                                              uint32_t = 1, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  // The persistent grid: as many clusters as fit on hw_info.sm_count SMs (CUTLASS's rule), at most one per unit.
+  template <class ProblemShapeMNK, class BlockShape, class ClusterShapeT>
+  CUTLASS_HOST_DEVICE static dim3 get_grid_shape(Params const& params, ProblemShapeMNK problem_shape_mnk,
+                                                 BlockShape cta_shape, ClusterShapeT cluster_shape,
                                                  cutlass::KernelHardwareInfo hw_info,
-                                                 typename Base::Arguments arguments = typename Base::Arguments{},
-                                                 bool truncate_by_problem_size = true) {
-    arguments.max_swizzle_size = 1 << params.log_swizzle_size_;
-    arguments.raster_order = RasterOrderOptions::AlongN;
-    return Base::get_grid_shape(params, problem_shape_mnk, cta_shape, cluster_shape, hw_info, arguments,
-                                truncate_by_problem_size);
+                                                 typename Base::Arguments = typename Base::Arguments{},
+                                                 bool = true) {
+    auto problem_shape_mnkl = cute::append<4>(problem_shape_mnk, cute::Int<1>{});
+    const dim3 blocks = Base::get_tiled_cta_shape_mnl(problem_shape_mnkl, cta_shape, cluster_shape);
+    dim3 grid = Base::Params::get_grid_shape(blocks, cutlass::gemm::GemmCoord(kClusterM, kClusterN, 1), hw_info, 1,
+                                             RasterOrderOptions::AlongN, /*truncate_by_problem_size=*/false);
+    // AlongN: grid = (kClusterM, clusters * kClusterN, 1)
+    const int64_t max_y = params.units * kClusterN;
+    if (static_cast<int64_t>(grid.y) > max_y) grid.y = static_cast<uint32_t>(max_y);
+    return grid;
   }
 
   CUTLASS_HOST_DEVICE OrderedTileScheduler() {}
 
   CUTLASS_DEVICE explicit OrderedTileScheduler(Params const& params)
-      : Base(params), m_tile_order_(params.m_tile_order), tiles_m_(params.tiles_m) {}
-
-  template <class ClusterShape>
-  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape cluster_shape) {
-    return remap(Base::initial_work_tile_info(cluster_shape));
+      : Base(params), m_tile_order_(params.m_tile_order), grid_(params.grid), units_(params.units),
+        tiles_m_(params.tiles_m) {
+#if defined(__CUDA_ARCH__)
+    const uint64_t linear = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * uint64_t(gridDim.x);  // AlongN
+    cluster_ = static_cast<int64_t>(linear / (kClusterM * kClusterN));
+    clusters_ = static_cast<int64_t>(uint64_t(gridDim.x) * gridDim.y * gridDim.z / (kClusterM * kClusterN));
+    const dim3 in_cluster = cute::block_id_in_cluster();
+    cta_m_ = static_cast<int32_t>(in_cluster.x);
+    cta_n_ = static_cast<int32_t>(in_cluster.y);
+#endif
   }
 
-  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return remap(Base::get_current_work()); }
+  template <class ClusterShapeT>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShapeT) { return work_at(cluster_); }
 
-  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work_tile_info) {
-    (void)work_tile_info;  // whole tiles only: never continue the current one
-    Base::advance_to_next_work();
-    return cute::make_tuple(remap(Base::get_current_work()), true);
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return work_at(cluster_); }
+
+  CUTLASS_DEVICE void advance_to_next_work(uint32_t advance_count = 1) {
+    cluster_ += clusters_ * static_cast<int64_t>(advance_count);
+  }
+
+  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo const&, uint32_t advance_count = 1) const {
+    return !work_at(cluster_ + clusters_ * static_cast<int64_t>(advance_count)).is_valid();
+  }
+
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {  // whole units only: never continue the current one
+    advance_to_next_work();
+    return cute::make_tuple(get_current_work(), true);
   }
 
   template <class TileSchedulerPipeline, class TileSchedulerPipelineState>
@@ -163,27 +292,98 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     return fetch_next_work(work_tile_info);
   }
 
- private:
-  CUTLASS_DEVICE WorkTileInfo remap(WorkTileInfo w) const {
-    if (w.is_valid_tile && m_tile_order_ != nullptr && w.M_idx >= 0 && w.M_idx < tiles_m_) {
-      w.M_idx = __ldg(m_tile_order_ + w.M_idx);
+  template <class ProblemShape, class TileShapeT>
+  CUTLASS_HOST_DEVICE static int get_work_k_tile_count(WorkTileInfo const& w, ProblemShape, TileShapeT) {
+    return w.k_count;
+  }
+
+  CUTLASS_HOST_DEVICE static uint32_t get_work_k_tile_start(WorkTileInfo const& w) {
+    return static_cast<uint32_t>(w.k_start);
+  }
+
+  CUTLASS_HOST_DEVICE static bool valid_warpgroup_in_work_tile(WorkTileInfo const&) { return true; }
+  CUTLASS_HOST_DEVICE static bool requires_separate_reduction(Params const&) { return false; }
+
+  // Only the last split of a tile stores it (and signals it, for GEMM+ReduceScatter).
+  CUTLASS_HOST_DEVICE static bool compute_epilogue(WorkTileInfo const& w, Params const&) {
+    return w.split == w.splits - 1;
+  }
+
+  // Split-K reduction of one consumer warpgroup's accumulators (barrier_idx = its index among num_barriers):
+  // split 0 stores its partial, split s waits for lock == s, adds its own and counts itself; the last split waits
+  // for lock == splits - 1, adds the sum to its accumulators (then runs the epilogue) and resets the lock.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& w, FrgTensorC& accumulators,
+                                   uint32_t num_barriers, uint32_t barrier_idx) {
+    if constexpr (kSplitK) {
+      const int splits = w.splits;
+      if (splits <= 1 || !w.is_valid()) return;
+      using ElementAccumulator = typename FrgTensorC::value_type;
+      using AccArray = cutlass::Array<ElementAccumulator, cute::size(FrgTensorC{})>;
+      using Striped = cutlass::BlockStripedReduce<ReduceBarrier::ThreadCount, AccArray>;
+      const uint64_t slot = static_cast<uint64_t>(w.slot);
+      const int lock = static_cast<int>(slot * num_barriers + barrier_idx);
+      ElementAccumulator* base = reinterpret_cast<ElementAccumulator*>(params.reduction) +
+                                 slot * kTileM * kTileN +
+                                 uint64_t(cute::size(accumulators)) * barrier_idx * ReduceBarrier::ThreadCount;
+      AccArray* partial = reinterpret_cast<AccArray*>(base);
+      AccArray* acc = reinterpret_cast<AccArray*>(accumulators.data());
+      const int tid = static_cast<int>(threadIdx.x % ReduceBarrier::ThreadCount);
+      if (w.split == splits - 1) {
+        ReduceBarrier::wait_eq(barrier_idx, params.locks, tid, lock, splits - 1);
+        Striped::load_add(*acc, partial, tid);
+        if (tid == 0) params.locks[lock] = 0;  // every peer has arrived; the next launch starts from zero
+      } else {
+        if (w.split == 0) {
+          Striped::store(partial, *acc, tid);
+        } else {
+          ReduceBarrier::wait_eq(barrier_idx, params.locks, tid, lock, w.split);
+          Striped::reduce(partial, *acc, tid);
+        }
+        ReduceBarrier::arrive_inc(barrier_idx, params.locks, tid, lock, 1);
+      }
+    } else {
+      (void)params, (void)w, (void)accumulators, (void)num_barriers, (void)barrier_idx;
     }
+  }
+
+ private:
+  CUTLASS_DEVICE WorkTileInfo work_at(int64_t cluster) const {
+    if (cluster >= units_) return WorkTileInfo::invalid_work_tile();
+    const fs::Unit u = fs::unit_at(grid_, cluster);
+    WorkTileInfo w;
+    w.M_idx = u.cm * kClusterM + cta_m_;
+    w.N_idx = u.cn * kClusterN + cta_n_;
+    w.L_idx = 0;
+    w.is_valid_tile = true;
+    w.split = u.split;
+    w.splits = u.splits;
+    w.k_start = u.k_start;
+    w.k_count = u.k_count;
+    w.slot = u.slot < 0 ? -1 : (u.slot * kClusterM + cta_m_) * kClusterN + cta_n_;
+    if (m_tile_order_ != nullptr && w.M_idx < tiles_m_) w.M_idx = __ldg(m_tile_order_ + w.M_idx);
     return w;
   }
 
   const int32_t* m_tile_order_ = nullptr;
+  fs::UnitGrid grid_{};
+  int64_t units_ = 0;
   int32_t tiles_m_ = 0;
+  int32_t cta_m_ = 0;
+  int32_t cta_n_ = 0;
+  int64_t cluster_ = 0;
+  int64_t clusters_ = 1;
 };
 
 }  // namespace gemm
 }  // namespace fs
 
-// CUTLASS's extension point: GemmUniversal<..., fs::gemm::OrderedPersistentScheduler> picks OrderedTileScheduler.
+// CUTLASS's extension point: GemmUniversal<..., fs::gemm::OrderedPersistentScheduler<S>> picks OrderedTileScheduler.
 namespace cutlass::gemm::kernel::detail {
-template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
-struct TileSchedulerSelector<fs::gemm::OrderedPersistentScheduler, ArchTag, TileShape, ClusterShape,
+template <bool kSplitK, class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<fs::gemm::OrderedPersistentScheduler<kSplitK>, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = fs::gemm::OrderedTileScheduler;
+  using Scheduler = fs::gemm::OrderedTileScheduler<TileShape, ClusterShape, kSplitK>;
 };
 }  // namespace cutlass::gemm::kernel::detail
 
@@ -418,8 +618,13 @@ class RsEpilogue : public Base_ {
 template <class T>
 using Identity = T;
 
-// Tile and cluster shape of every kernel of a build. Tuning knobs: the build takes -D overrides from
-// FLUX_SHMEM_BUILD_DEFINES (part of the cache key), e.g. "FS_GEMM_TILE_M=256 FS_GEMM_TILE_N=128".
+// The configuration of every kernel of one build: a named entry of the registry (flux_shmem/kernels/registry.py),
+// which passes these macros as -D flags (they are part of the build's cache key). Without them: the default entry.
+//   FS_GEMM_TILE_M, FS_GEMM_TILE_N   CTA tile (cooperative) or consumer-warpgroup tile (pingpong); K-tile 64
+//   FS_GEMM_CLUSTER_M, _N            CTAs per cluster
+//   FS_GEMM_PINGPONG                 0: cooperative (both consumer warpgroups on one tile; run-time split-K)
+//                                    1: pingpong (each consumer warpgroup on its own tile, epilogues overlapping
+//                                       the other's mainloop; no split-K)
 #ifndef FS_GEMM_TILE_M
 #define FS_GEMM_TILE_M 128
 #endif
@@ -432,15 +637,34 @@ using Identity = T;
 #ifndef FS_GEMM_CLUSTER_N
 #define FS_GEMM_CLUSTER_N 1
 #endif
+#ifndef FS_GEMM_PINGPONG
+#define FS_GEMM_PINGPONG 0
+#endif
 constexpr int kTileM = FS_GEMM_TILE_M;
 constexpr int kTileN = FS_GEMM_TILE_N;
+constexpr bool kPingpong = FS_GEMM_PINGPONG != 0;
 using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
 using ClusterShape = cute::Shape<cute::Int<FS_GEMM_CLUSTER_M>, cute::Int<FS_GEMM_CLUSTER_N>, cute::_1>;
 
+// Kernel and epilogue schedules of the two kernel kinds; the scheduler splits K only in the cooperative kernel.
+template <bool Pingpong>
+struct ScheduleOf {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using Scheduler = OrderedPersistentScheduler<true>;
+};
+template <>
+struct ScheduleOf<true> {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+  using Scheduler = OrderedPersistentScheduler<false>;
+};
+
 // Element: cutlass::bfloat16_t or cutlass::half_t. BIsNK: B given as [N, K] row-major (K contiguous) rather than
 // [K, N] row-major. A is [M, K] row-major, D [M, N] row-major, fp32 accumulation, D = acc + bias[n] (bias optional).
+// MainloopExt / EpilogueExt wrap CUTLASS's collectives (AgMainloop, RsEpilogue or Identity).
 template <class Element, bool BIsNK, template <class> class MainloopExt, template <class> class EpilogueExt,
-          class Cluster = ClusterShape, class Tile = TileShape>
+          class Cluster = ClusterShape, class Tile = TileShape, bool Pingpong = kPingpong>
 struct GemmConfig {
   using ElementA = Element;
   using ElementB = Element;
@@ -451,13 +675,14 @@ struct GemmConfig {
   using LayoutB = cute::conditional_t<BIsNK, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;
+  using Schedule = ScheduleOf<Pingpong>;
 
   using FusionOp = cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, Element, Element, float>;
 
   using EpilogueBase = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, kAlign, ElementD, LayoutD,
-      kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative, FusionOp>::CollectiveOp;
+      kAlign, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
   using CollectiveEpilogue = EpilogueExt<EpilogueBase>;
 
   using MainloopBase = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -465,12 +690,13 @@ struct GemmConfig {
       ElementAcc, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Schedule::Kernel>::CollectiveOp;
   using CollectiveMainloop = MainloopExt<MainloopBase>;
 
   using ProblemShape = cute::Shape<int, int, int, int>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue,
-                                                      OrderedPersistentScheduler>;
+                                                      typename Schedule::Scheduler>;
+  using Scheduler = typename Kernel::TileScheduler;
 };
 
 static_assert(cute::size<0>(TileShape{}) == kTileM && cute::size<1>(TileShape{}) == kTileN,
@@ -548,7 +774,7 @@ enum : int {
   kErrAlign = 2,        // pointer or leading dimension not 16-byte aligned
   kErrCapacity = 3,     // params_cap too small
   kErrCannotImplement = 4,
-  kErrWorkspace = 5,    // the kernel would need a workspace (never with this configuration)
+  kErrWorkspace = 5,    // split-K without a (large enough, aligned) workspace
   kErrTma = 6,          // cuTensorMapEncodeTiled failed (no driver, bad address, ...)
 };
 
@@ -597,12 +823,44 @@ inline int check_problem(const char* kname, int64_t m, int64_t n, int64_t k, con
   return kOk;
 }
 
-// Fills `params_out` with Kernel::Params built from `args` and `launch` with the launch geometry.
+// Checks the K split of `args` against the kernel (pingpong kernels do not split) and K.
 template <class Kernel>
-int finish_params(const char* kname, typename Kernel::Arguments const& args, void* params_out, size_t params_cap,
-                  FsLaunch* launch) {
+int check_splits(const char* kname, typename Kernel::Arguments const& args) {
+  char buf[512];
+  constexpr int kMax = Kernel::TileScheduler::kMaxSplits;
+  const int splits = args.scheduler.splits;
+  const int k_tiles = fs::tiles_along(cute::get<2>(args.problem_shape),
+                                      static_cast<int>(cute::size<2>(typename Kernel::TileShape{})));
+  if (splits < 1 || splits > kMax) {
+    std::snprintf(buf, sizeof buf, "%s: splits=%d but this kernel configuration takes 1 to %d%s", kname, splits, kMax,
+                  kMax == 1 ? " (pingpong kernels do not split K: use a cooperative configuration)" : "");
+    return fail(kErrArgs, buf);
+  }
+  if (splits > k_tiles) {
+    std::snprintf(buf, sizeof buf, "%s: splits=%d exceeds the %d K-tiles of k=%d: use at most %d splits", kname,
+                  splits, k_tiles, cute::get<2>(args.problem_shape), k_tiles);
+    return fail(kErrArgs, buf);
+  }
+  return kOk;
+}
+
+// Workspace bytes the kernel needs for `args` (0 unless K is split), or -1 with last_error set.
+template <class Kernel>
+int64_t workspace_bytes(const char* kname, int rc, typename Kernel::Arguments const& args) {
+  if (rc == kOk) rc = check_splits<Kernel>(kname, args);
+  if (rc != kOk) return -1;
+  last_error().clear();
+  return static_cast<int64_t>(Kernel::get_workspace_size(args));
+}
+
+// Fills `params_out` with Kernel::Params built from `args` and `launch` with the launch geometry. `workspace`
+// (`workspace_bytes` bytes, 16-byte aligned, zeroed when allocated) is needed when K is split.
+template <class Kernel>
+int finish_params(const char* kname, typename Kernel::Arguments const& args, void* workspace,
+                  uint64_t workspace_bytes, void* params_out, size_t params_cap, FsLaunch* launch) {
   char buf[512];
   if (params_out == nullptr || launch == nullptr) return fail(kErrArgs, std::string(kname) + ": null output pointer");
+  if (int rc = check_splits<Kernel>(kname, args); rc != kOk) return rc;
   if (params_cap < sizeof(typename Kernel::Params)) {
     std::snprintf(buf, sizeof buf, "%s: params buffer holds %zu bytes, needs %zu", kname, params_cap,
                   sizeof(typename Kernel::Params));
@@ -615,15 +873,20 @@ int finish_params(const char* kname, typename Kernel::Arguments const& args, voi
                   cute::get<2>(args.problem_shape));
     return fail(kErrCannotImplement, buf);
   }
-  if (Kernel::get_workspace_size(args) != 0) {
-    return fail(kErrWorkspace, std::string(kname) + ": the kernel asks for a workspace (unsupported)");
+  const size_t need = Kernel::get_workspace_size(args);
+  if (need > 0 && (workspace == nullptr || workspace_bytes < need || !aligned16(workspace))) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: splits=%d needs a zeroed, 16-byte aligned workspace of %zu bytes; got %p with %llu bytes "
+                  "(CutlassGemm.launch allocates it)",
+                  kname, args.scheduler.splits, need, workspace, (unsigned long long)workspace_bytes);
+    return fail(kErrWorkspace, buf);
   }
   if (encode_tiled_fn() == nullptr) {
     return fail(kErrTma, std::string(kname) + ": cannot load cuTensorMapEncodeTiled from libcuda.so.1 (no NVIDIA "
                                               "driver on this machine?): TMA descriptors cannot be made");
   }
   tma_encode_status() = CUDA_SUCCESS;
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, need > 0 ? workspace : nullptr);
   if (tma_encode_status() != CUDA_SUCCESS) {
     std::snprintf(buf, sizeof buf, "%s: cuTensorMapEncodeTiled failed (CUresult %d)%s", kname,
                   static_cast<int>(tma_encode_status()), " (bad address, stride or shape?)");
@@ -649,12 +912,12 @@ int finish_params(const char* kname, typename Kernel::Arguments const& args, voi
 }
 
 // Fills the mainloop/epilogue operand fields common to both families. `swizzle` (1, 2, 4, 8; checked by
-// check_problem): the scheduler walks groups of swizzle clusters of M-tiles across N (the policy is the caller's:
-// flux_shmem/kernels/gemm.py swizzle_for).
+// check_problem): the scheduler walks groups of swizzle clusters of M-tiles across N; `splits` (0 means 1; checked
+// by finish_params): K splits per output tile. The policy for both is the caller's (flux_shmem/kernels/config.py).
 template <class Cfg, class Args>
 void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                    const void* bias, int32_t sm_count, int32_t device_id, const int32_t* m_tile_order,
-                   int32_t swizzle) {
+                   int32_t swizzle, int32_t splits) {
   using Kernel = typename Cfg::Kernel;
   using ElementA = typename Cfg::ElementA;
   using ElementB = typename Cfg::ElementB;
@@ -678,6 +941,7 @@ void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, c
   args.hw_info.max_active_clusters = 0;
   args.scheduler.m_tile_order = m_tile_order;
   args.scheduler.max_swizzle_size = swizzle == 0 ? 1 : swizzle;
+  args.scheduler.splits = splits == 0 ? 1 : splits;
 }
 
 }  // namespace host
@@ -745,6 +1009,10 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsAgGemmArgs, swizzle)
   FS_ABI_FIELD(FsAgGemmArgs, pad_)
   FS_ABI_FIELD(FsAgGemmArgs, ctx)
+  FS_ABI_FIELD(FsAgGemmArgs, splits)
+  FS_ABI_FIELD(FsAgGemmArgs, pad1_)
+  FS_ABI_FIELD(FsAgGemmArgs, workspace)
+  FS_ABI_FIELD(FsAgGemmArgs, workspace_bytes)
   FS_ABI_FIELD(FsGemmRsArgs, m)
   FS_ABI_FIELD(FsGemmRsArgs, n)
   FS_ABI_FIELD(FsGemmRsArgs, k)
@@ -763,6 +1031,10 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsGemmRsArgs, swizzle)
   FS_ABI_FIELD(FsGemmRsArgs, pad_)
   FS_ABI_FIELD(FsGemmRsArgs, ctx)
+  FS_ABI_FIELD(FsGemmRsArgs, splits)
+  FS_ABI_FIELD(FsGemmRsArgs, pad1_)
+  FS_ABI_FIELD(FsGemmRsArgs, workspace)
+  FS_ABI_FIELD(FsGemmRsArgs, workspace_bytes)
   return -1;
 }
 #undef FS_ABI_FIELD
@@ -772,5 +1044,6 @@ extern "C" int32_t fs_gemm_tile_m() { return fs::gemm::kTileM; }
 extern "C" int32_t fs_gemm_tile_n() { return fs::gemm::kTileN; }
 extern "C" int32_t fs_gemm_cluster_m() { return static_cast<int32_t>(cute::size<0>(fs::gemm::ClusterShape{})); }
 extern "C" int32_t fs_gemm_cluster_n() { return static_cast<int32_t>(cute::size<1>(fs::gemm::ClusterShape{})); }
+extern "C" int32_t fs_gemm_pingpong() { return fs::gemm::kPingpong ? 1 : 0; }
 
 #endif  // FS_HOST_PASS

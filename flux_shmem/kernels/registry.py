@@ -1,0 +1,109 @@
+"""The CUTLASS GEMM kernel configurations that exist: tile, cluster and schedule, one named entry each.
+
+Every GEMM family (csrc/ag_gemm.cu, csrc/gemm_rs.cu) is built once per configuration it is used with: the entry's
+`defines` become nvcc -D flags (FS_GEMM_* in csrc/include/flux_shmem/gemm_ext.cuh) and part of the build's cache key
+(flux_shmem/kernels/build.py), and the build is made on first use or ahead of time
+(`python -m flux_shmem.build --config all`). Which configuration runs a given problem is decided at run time, per
+(M, N, K, dtype, layout, SM count), by flux_shmem/kernels/config.py; swizzle and K splits are run-time arguments of
+every build, not configurations.
+
+Pure Python (no torch): the chooser and the CPU tests import it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Dict, Tuple
+
+from ..errors import FluxShmemError
+
+SCHEDULES = ("cooperative", "pingpong")
+TILE_K = 64
+MAX_SPLITS = 16  # the cooperative kernels' bound (OrderedTileScheduler::kMaxSplits)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One kernel configuration. `tile_m x tile_n` is the CTA tile (cooperative: both consumer warpgroups on one
+    tile) or each consumer warpgroup's tile (pingpong: two tiles in flight per CTA, one's epilogue overlapping the
+    other's mainloop). Clusters of `cluster_m x cluster_n` CTAs share operand loads (TMA multicast)."""
+
+    name: str
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    schedule: str
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"{self.name}: schedule {self.schedule!r} is not one of {SCHEDULES}")
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule == "pingpong"
+
+    @property
+    def max_splits(self) -> int:
+        """Largest K split: the scheduler's split-K reduction runs in the cooperative kernel only."""
+        return 1 if self.pingpong else MAX_SPLITS
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def defines(self) -> Tuple[str, ...]:
+        """The build's -D macros (without the -D)."""
+        return (f"FS_GEMM_TILE_M={self.tile_m}", f"FS_GEMM_TILE_N={self.tile_n}",
+                f"FS_GEMM_CLUSTER_M={self.cluster_m}", f"FS_GEMM_CLUSTER_N={self.cluster_n}",
+                f"FS_GEMM_PINGPONG={int(self.pingpong)}")
+
+    def tiles(self, m: int, n: int) -> Tuple[int, int]:
+        """(tiles_m, tiles_n) of an m x n output."""
+        return -(-m // self.tile_m), -(-n // self.tile_n)
+
+    def describe(self) -> str:
+        return f"{self.tile_m}x{self.tile_n} {self.schedule}, cluster {self.cluster_m}x{self.cluster_n}"
+
+
+def _entries(*cfgs: KernelConfig) -> Dict[str, KernelConfig]:
+    return {c.name: c for c in cfgs}
+
+
+# Order matters only for ties in the chooser (earlier wins). The default came out best on large LLM shapes
+# (benchmarks/RESULTS.md, 2026-12-02); the others cover the shard shapes of tensor parallelism (issue 11): 256x128
+# for tall problems, 128x128 for more tiles per wave, pingpong for short K (the epilogue hides behind the other
+# warpgroup's mainloop).
+CONFIGS: Dict[str, KernelConfig] = _entries(
+    KernelConfig("128x256_c2x1", 128, 256, 2, 1, "cooperative"),
+    KernelConfig("256x128_c1x2", 256, 128, 1, 2, "cooperative"),
+    KernelConfig("128x128_c2x1", 128, 128, 2, 1, "cooperative"),
+    KernelConfig("128x128_c2x1_pp", 128, 128, 2, 1, "pingpong"),
+)
+DEFAULT = "128x256_c2x1"
+
+
+def get(config: "str | KernelConfig | None" = None) -> KernelConfig:
+    """The registry entry named `config` (None: the default); a KernelConfig must be one of the entries."""
+    if config is None:
+        return CONFIGS[DEFAULT]
+    if isinstance(config, KernelConfig):
+        if CONFIGS.get(config.name) != config:
+            raise FluxShmemError(f"kernel configuration {config} is not in the registry "
+                                 "(flux_shmem/kernels/registry.py CONFIGS)")
+        return config
+    try:
+        return CONFIGS[config]
+    except KeyError:
+        raise FluxShmemError(f"unknown GEMM kernel configuration {config!r}: one of {', '.join(CONFIGS)}") from None
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(CONFIGS)
+
+
+def fingerprint() -> str:
+    """A short hash of every entry: a tuning cache made with other entries (or meanings of names) is stale."""
+    text = ";".join(f"{c.name}={','.join(c.defines)}" for c in CONFIGS.values())
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
