@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
 #   bash benchmarks/gpu_session.sh checks NP GROUP_OR_CHECK...
 #   bash benchmarks/gpu_session.sh tune [benchmarks/gemm_tune.py args...]
+#   bash benchmarks/gpu_session.sh shapes [benchmarks/gemm_shapes.py args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -18,15 +19,20 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERE
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
-python3 -m flux_shmem.build --list 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
+python3 -m flux_shmem.build --list --config all 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
 rc=0
 if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of tests/gpu/checks.py under NP PEs
   np_=$1; shift
   python3 -m flux_shmem.launch -n "$np_" -- python3 tests/gpu/checks.py "$@" 2>&1 | tee "$OUT/checks_np$np_.log"
   rc=${PIPESTATUS[0]}
 fi
-if [ "$what" = tune ]; then  # tune [gemm_tune.py args]: GEMM variants (built and carried) against cuBLAS
+if [ "$what" = tune ]; then  # tune [gemm_tune.py args]: GEMM configurations (built and carried) against cuBLAS
   python3 benchmarks/gemm_tune.py --jsonl "$OUT/tune.jsonl" "$@" 2>&1 | tee "$OUT/tune.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = shapes ]; then  # shapes [gemm_shapes.py args]: tp-shard suite, heuristic and tuned, vs cuBLAS
+  python3 benchmarks/gemm_shapes.py --cache "$OUT/gemm_tune.json" --jsonl "$OUT/gemm_shapes.jsonl" "$@" 2>&1 \
+    | tee "$OUT/gemm_shapes.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then

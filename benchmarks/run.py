@@ -104,7 +104,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         f"{QUICK_WARMUP} warm-up")
     p.add_argument("--shapes", type=_shapes_arg, default=None, metavar="MxNxK[,MxNxK...]",
                    help="global GEMM shapes to run instead of the default sweep (N is split over ranks for "
-                        "ag_gemm, K for gemm_rs; all_gather moves [M,K], reduce_scatter [M,N])")
+                        "ag_gemm, K for gemm_rs; all_gather moves [M,K], reduce_scatter [M,N]), or a suite of "
+                        "per-GPU shapes: tp-shard, tp-shard-quick (benchmarks/shapes.py)")
     p.add_argument("--ops", type=_ops_arg, default=list(_shapes.OPS), metavar="OP[,OP...]",
                    help=f"ops to run, from {','.join(_shapes.OPS)} (default: all)")
     p.add_argument("--dtype", choices=sorted(_shapes.DTYPE_BYTES), default="bf16")

@@ -37,6 +37,14 @@ __all__ = [
     "build_problems",
     "rotation_sets",
     "round_up",
+    "Model",
+    "MODELS",
+    "ShardShape",
+    "SUITES",
+    "SuiteName",
+    "tp_shard_suite",
+    "tp_shard_quick",
+    "suite",
 ]
 
 FUSED_OPS = ("ag_gemm", "gemm_rs")
@@ -89,10 +97,14 @@ def custom_layers(shapes: Sequence[Tuple[int, int, int]]) -> List[Tuple[int, Lay
 _SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*[xX*]\s*(\d+)\s*$")
 
 
-def parse_shapes(text: str) -> List[Tuple[int, int, int]]:
-    """Parse ``"MxNxK,MxNxK,..."`` into a list of (M, N, K); ValueError on bad input."""
+def parse_shapes(text: str):
+    """Parse ``"MxNxK,MxNxK,..."`` into a list of (M, N, K), or a suite name (``tp-shard``, ``tp-shard-quick``) into
+    a SuiteName; ValueError on bad input."""
     if text is None or not str(text).strip():
-        raise ValueError("--shapes needs at least one MxNxK, e.g. 8192x28672x8192")
+        raise ValueError("--shapes needs at least one MxNxK, e.g. 8192x28672x8192, or a suite name: "
+                         + ", ".join(SUITES))
+    if str(text).strip() in SUITES:
+        return SuiteName(str(text).strip())
     out = []
     for part in str(text).split(","):
         if not part.strip():
@@ -241,6 +253,8 @@ def build_problems(
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}")
     pairs: List[Tuple[int, Layer]] = []
+    if isinstance(shapes, SuiteName):
+        return _suite_problems(shapes, ops, world, dtype)
     if shapes:
         pairs = custom_layers(shapes)
     else:
@@ -278,3 +292,142 @@ def rotation_sets(
     if budget_bytes is not None:
         n = min(n, max(1, int(budget_bytes // bytes_per_set)))
     return max(1, n)
+
+
+# --- tp-shard: the per-GPU GEMMs that tensor parallelism runs (issue 11) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Model:
+    """The dense-layer sizes of one transformer: hidden size, attention heads and KV heads (head_dim each), FFN
+    size, and whether the FFN is gated (gate and up projections, fused as gate+up or run apart)."""
+
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    gated: bool = True
+
+    def layers(self) -> List[Tuple[str, str, int, int]]:
+        """(layer, parallelism, N, K) of the full (unsharded) GEMMs; 'column': N is split over TP ranks (the
+        AllGather+GEMM side), 'row': K is (the GEMM+ReduceScatter side)."""
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        out = [("qkv", "column", qkv, self.hidden), ("o_proj", "row", self.hidden, self.heads * self.head_dim),
+               ("up", "column", self.ffn, self.hidden)]
+        if self.gated:
+            out.append(("gate_up", "column", 2 * self.ffn, self.hidden))
+        out.append(("down", "row", self.hidden, self.ffn))
+        return out
+
+
+MODELS = {m.name: m for m in (
+    Model("llama3-8b", 4096, 32, 8, 128, 14336),
+    Model("llama3-70b", 8192, 64, 8, 128, 28672),
+    Model("llama3-405b", 16384, 128, 8, 128, 53248),
+    Model("gpt3-175b", 12288, 96, 96, 128, 49152, gated=False),
+    Model("qwen2.5-72b", 8192, 64, 8, 128, 29568),
+    Model("mixtral-8x7b", 4096, 32, 8, 128, 14336),  # attention and one expert's FFN: the same as llama3-8b's
+)}
+TP_SIZES = (2, 4, 8)
+TP_SHARD_MS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class ShardShape:
+    """One per-GPU GEMM M x N x K and where it comes from (model/layer/tp, every origin after deduplication).
+    `parallel`: 'column' (M x N/TP x K, AllGather+GEMM) or 'row' (M x N x K/TP, GEMM+ReduceScatter) of the first
+    origin; the same shape may be both."""
+
+    m: int
+    n: int
+    k: int
+    origins: Tuple[str, ...]
+    parallel: Tuple[str, ...]
+
+    @property
+    def shape(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    def global_for(self, op: str, tp: int) -> Tuple[int, int, int]:
+        """The global (unsharded) M, N, K whose shard on `tp` ranks is this shape for `op` (run.py's convention)."""
+        if op in ("ag_gemm", "all_gather"):
+            return self.m, self.n * tp, self.k
+        return self.m, self.n, self.k * tp
+
+
+def _shard_entries(ms: Sequence[int] = TP_SHARD_MS, tps: Sequence[int] = TP_SIZES):
+    for model in MODELS.values():
+        for layer, par, n, k in model.layers():
+            for tp in tps:
+                if par == "column" and n % tp == 0:
+                    ln, lk = n // tp, k
+                elif par == "row" and k % tp == 0:
+                    ln, lk = n, k // tp
+                else:
+                    continue
+                if ln % 8 or lk % 8:  # TMA needs 16-byte rows (bf16/fp16)
+                    continue
+                for m in ms:
+                    yield m, ln, lk, f"{model.name}/{layer}/tp{tp}", par, tp
+
+
+def tp_shard_suite(ms: Sequence[int] = TP_SHARD_MS, tps: Sequence[int] = TP_SIZES) -> List[ShardShape]:
+    """Every per-GPU GEMM of the models' QKV, o_proj, up, gate+up and down layers at TP 2, 4, 8 and the M values,
+    deduplicated by (M, N, K), sorted by work then shape."""
+    seen: dict = {}
+    for m, n, k, origin, par, _tp in _shard_entries(ms, tps):
+        origins, pars = seen.setdefault((m, n, k), ([], []))
+        origins.append(origin)
+        if par not in pars:
+            pars.append(par)
+    out = [ShardShape(m, n, k, tuple(o), tuple(p)) for (m, n, k), (o, p) in seen.items()]
+    return sorted(out, key=lambda s: (s.m * s.n * s.k, s.m, s.n, s.k))
+
+
+# Spans the regimes of tile counts and waves on ~132 SMs (under one wave, 1-3 waves, many), short and long K, and
+# the shapes the issue measured. Every entry is in the full suite (tests check it).
+TP_SHARD_QUICK = (
+    "1024x1280x8192", "2048x1280x8192", "4096x1280x8192", "8192x1280x8192", "16384x1280x8192",
+    "4096x3584x8192", "8192x3584x8192", "16384x3584x8192", "8192x7168x8192", "16384x7168x8192",
+    "1024x4096x512", "2048x3072x4096", "8192x4096x1792", "8192x8192x1024", "16384x8192x3584", "4096x8192x7168",
+    "8192x2304x16384", "8192x16384x2048", "4096x12288x6144", "8192x3696x8192", "8192x12288x1536",
+)
+
+
+def tp_shard_quick() -> List[ShardShape]:
+    """A representative subset of the tp-shard suite (TP_SHARD_QUICK) for short device sessions."""
+    full = {s.shape: s for s in tp_shard_suite()}
+    missing = [t for t in TP_SHARD_QUICK if t not in full]
+    if missing:
+        raise ValueError(f"tp-shard-quick shapes not in the tp-shard suite: {missing}")
+    return [full[t] for t in TP_SHARD_QUICK]
+
+
+SUITES = {"tp-shard": tp_shard_suite, "tp-shard-quick": tp_shard_quick}
+
+
+class SuiteName(str):
+    """--shapes given as a suite name: build_problems takes the suite's per-GPU shapes."""
+
+
+def suite(name: str) -> List[ShardShape]:
+    if name not in SUITES:
+        raise ValueError(f"unknown shape suite {name!r}: one of {', '.join(SUITES)}")
+    return SUITES[name]()
+
+
+def _suite_problems(name: str, ops: Sequence[str], world: int, dtype: str) -> List[Tuple[Problem, Optional[str]]]:
+    """run.py --shapes tp-shard: every suite shape whose parallelism matches the op (column: ag_gemm/all_gather, row:
+    gemm_rs/reduce_scatter), as the global problem whose per-GPU GEMM on `world` ranks is that shape."""
+    out = []
+    for s in suite(name):
+        for op in ops:
+            par = "column" if op in ("ag_gemm", "all_gather") else "row"
+            if par not in s.parallel:
+                continue
+            m, n, k = s.global_for(op, world)
+            p = Problem(op=op, label=f"{name}:{s.origins[0]}", m=m, n=n, k=k, world=world, dtype=dtype)
+            out.append((p, validate(p)))
+    return out

@@ -32,16 +32,15 @@ def test_cache_key_tracks_versions_and_arch(monkeypatch):
     assert kb.cache_key("collectives", "90a") != k1
 
 
-def test_build_defines_are_checked_and_keyed(monkeypatch):
-    monkeypatch.delenv("FLUX_SHMEM_BUILD_DEFINES", raising=False)
+def test_gemm_configs_are_keyed_and_flagged():
+    """GEMM families are built per registry configuration: its FS_GEMM_* macros are -D flags and in the key."""
+    from flux_shmem.kernels import registry
     k0 = kb.cache_key("gemm_rs", "90a")
-    monkeypatch.setenv("FLUX_SHMEM_BUILD_DEFINES", "FS_GEMM_TILE_M=256, FS_GEMM_TILE_N=128")
-    assert kb.extra_defines() == ("-DFS_GEMM_TILE_M=256", "-DFS_GEMM_TILE_N=128")
-    assert kb.cache_key("gemm_rs", "90a") != k0
-    for bad in ("TILE=1", "FS_X=1;rm", "-DFS_X"):
-        monkeypatch.setenv("FLUX_SHMEM_BUILD_DEFINES", bad)
-        with pytest.raises(BuildError, match="FLUX_SHMEM_BUILD_DEFINES"):
-            kb.cache_key("gemm_rs", "90a")
+    for name in registry.names():
+        cfg = registry.get(name)
+        assert all(f"-D{d}" in kb._flags(cfg) for d in cfg.defines)
+        assert (kb.cache_key("gemm_rs", "90a", name) == k0) == (name == registry.DEFAULT)
+    assert kb._flags(None) == kb._CXX_FLAGS
 
 
 def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):

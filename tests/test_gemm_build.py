@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from flux_shmem.errors import FluxShmemError
+from flux_shmem.errors import BuildError, FluxShmemError
 from flux_shmem.kernels import build as kb
 from flux_shmem.kernels import gemm as kg
+from flux_shmem.kernels import registry
 
 FAMILIES = ("ag_gemm", "gemm_rs")
 KERNELS = {fam: [f"fs_{fam}_{dt}_{bl}" for dt in ("bf16", "fp16") for bl in ("kn", "nk")] for fam in FAMILIES}
 COMMON_SYMBOLS = ("fs_gemm_last_error", "fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_cluster_m",
-                  "fs_gemm_cluster_n", "fs_abi_sizeof", "fs_abi_offsetof")
+                  "fs_gemm_cluster_n", "fs_gemm_pingpong", "fs_abi_sizeof", "fs_abi_offsetof")
 ROOT = Path(__file__).resolve().parents[1]
 
 # Building both families from scratch takes several minutes on a 2-core machine.
@@ -73,6 +74,7 @@ def test_host_lib_loads_and_exports(libs, artifacts):
         for name in KERNELS[fam]:
             assert hasattr(lib, name + "_params"), name
             assert hasattr(lib, name + "_params_size"), name
+            assert hasattr(lib, name + "_workspace_size"), name
         for sym in COMMON_SYMBOLS:
             assert hasattr(lib, sym), (fam, sym)
         # No dynamic CUDA dependency: the library loads on machines without a driver or toolkit.
@@ -89,7 +91,11 @@ def test_abi_mirrors_match(libs):
             assert lib.fs_abi_sizeof(name.encode()) == ctypes.sizeof(st)
     assert ctypes.sizeof(kg.FsLaunch) == 40
     assert ctypes.sizeof(kg.FsCtx) == 32
-    assert ctypes.sizeof(kg.FsAgGemmArgs) == 144 and ctypes.sizeof(kg.FsGemmRsArgs) == 144
+    assert ctypes.sizeof(kg.FsAgGemmArgs) == 168 and ctypes.sizeof(kg.FsGemmRsArgs) == 168
+    # fields added for split-K sit at the end of both structs (earlier offsets unchanged)
+    for st in (kg.FsAgGemmArgs, kg.FsGemmRsArgs):
+        assert [f for f, _ in st._fields_[-4:]] == ["splits", "pad1_", "workspace", "workspace_bytes"]
+        assert st.splits.offset == 144
 
 
 def test_tile_shape_and_param_sizes(libs, monkeypatch):
@@ -99,6 +105,7 @@ def test_tile_shape_and_param_sizes(libs, monkeypatch):
         for dt in ("bf16", "fp16"):
             for bl in ("kn", "nk"):
                 h = kg.GemmHost(lib, fam, dt, bl)
+                assert h.config.name == registry.DEFAULT and not h.pingpong
                 assert h.tile_shape == (128, 256)
                 assert h.cluster_shape in ((1, 1), (2, 1), (1, 2))
                 assert 0 < h.params_size <= 4096  # fits the classic 4 KB kernel parameter limit
@@ -193,6 +200,28 @@ def test_params_errors_are_reported(libs):
                                   rows_ready=0x40000, epoch=0x50000, group_size=2, bar=None))
 
 
+def test_split_k_workspace_and_errors(libs):
+    """8192x1280x8192 on 132 SMs: 160 cluster tiles of 128x256 on 66 clusters; with splits=2 the 28 tiles of the
+    last wave (56 CTA tiles) need fp32 partials and two locks each; the whole waves need nothing."""
+    for fam in FAMILIES:
+        h = kg.GemmHost(libs[fam], fam, "bf16", "nk")
+        args = kg.ARGS_TYPE[fam]
+        base = dict(m=8192, n=1280, k=8192, a=0x10000, b=0x20000, d=0x30000, sm_count=132)
+        assert h.workspace_size(args(**base)) == 0
+        assert h.workspace_size(args(**base, splits=1)) == 0
+        assert h.workspace_size(args(**base, splits=2)) == 56 * 128 * 256 * 4 + 56 * 2 * 4
+        assert h.workspace_size(args(**{**base, "m": 1024}, splits=3)) == 20 * 2 * 128 * 256 * 4 + 40 * 2 * 4
+        assert h.workspace_size(args(**{**base, "m": 16384}, splits=2)) == 0  # 320 tiles: no partial wave
+        with pytest.raises(FluxShmemError, match="splits=17 but this kernel configuration takes 1 to 16"):
+            h.workspace_size(args(**base, splits=17))
+        with pytest.raises(FluxShmemError, match="splits=4 exceeds the 2 K-tiles of k=128"):
+            h.workspace_size(args(**{**base, "k": 128}, splits=4))
+        with pytest.raises(FluxShmemError, match="needs a zeroed, 16-byte aligned workspace of"):
+            h.params(args(**base, splits=2))
+        with pytest.raises(FluxShmemError, match="needs a zeroed, 16-byte aligned workspace of"):
+            h.params(args(**base, splits=2, workspace=0x40000, workspace_bytes=1024))
+
+
 def test_params_without_driver_is_a_clear_error(libs):
     """Valid arguments get as far as the TMA descriptors, which need the NVIDIA driver."""
     try:
@@ -277,3 +306,33 @@ def test_tile_chunk_span_matches_reference(tmp_path):
         for t in range(tiles):
             got = [int(x) for x in out[pos].split()[1:]]; pos += 1
             assert got == ref[t], (M, Ms, cr, tm, t, got, ref[t])
+
+
+# --- the pingpong schedule: its own code path through the kernel and the scheduler, compiled in CI -----------------
+
+PINGPONG = "128x128_c2x1_pp"
+
+
+@pytest.fixture(scope="module")
+def pingpong_lib():
+    art = kb.build("gemm_rs", "90a", config=PINGPONG)
+    return art, ctypes.CDLL(str(art.host_lib))
+
+
+def test_pingpong_config_builds(pingpong_lib):
+    art, lib = pingpong_lib
+    kg.check_abi(lib)
+    h = kg.GemmHost(lib, "gemm_rs", "bf16", "nk", config=PINGPONG)
+    assert h.pingpong and h.tile_shape == (128, 128) and h.cluster_shape == (2, 1)
+    base = dict(m=8192, n=1280, k=8192, a=0x10000, b=0x20000, d=0x30000, sm_count=132)
+    assert h.workspace_size(kg.FsGemmRsArgs(**base)) == 0
+    with pytest.raises(FluxShmemError, match="pingpong kernels do not split K"):
+        h.params(kg.FsGemmRsArgs(**base, splits=2))
+    with pytest.raises(BuildError, match="not as 128x256_c2x1"):
+        kg.GemmHost(lib, "gemm_rs", "bf16", "nk", config="128x256_c2x1")
+    tool = _cuobjdump()
+    if tool is None:
+        return
+    proc = subprocess.run([tool, "-sass", str(art.cubin)], capture_output=True, text=True, env=_tool_env(tool))
+    if proc.returncode == 0:
+        assert "HGMMA.64x128x16.F32" in proc.stdout

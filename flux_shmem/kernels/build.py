@@ -129,27 +129,30 @@ def nvcc_path() -> str:
     return nvcc
 
 
-def _sources(family: str) -> list[Path]:
-    src = csrc_dir()
-    main = src / f"{family}.cu"
+def _main_source(family: str) -> Path:
+    main = csrc_dir() / f"{family}.cu"
     if not main.exists():
         raise BuildError(f"no kernel family {family!r}: expected {main}; families are {families()}")
-    inc = src / "include"
-    return [main] + sorted([*inc.rglob("*.cuh"), *inc.rglob("*.h")])
+    return main
+
+
+def _sources(family: str) -> list[Path]:
+    inc = csrc_dir() / "include"
+    return [_main_source(family)] + sorted([*inc.rglob("*.cuh"), *inc.rglob("*.h")])
 
 
 def needs_host_lib(family: str) -> bool:
-    return "FS_HOST_PASS" in (csrc_dir() / f"{family}.cu").read_text()
+    return "FS_HOST_PASS" in _main_source(family).read_text()
 
 
 def uses_nvshmem(family: str) -> bool:
     """Families calling NVSHMEM device APIs are device-linked with it and need `library_init` after loading."""
-    return "<nvshmem.h>" in (csrc_dir() / f"{family}.cu").read_text()
+    return "<nvshmem.h>" in _main_source(family).read_text()
 
 
 def is_gemm_family(family: str) -> bool:
     """Families built per kernel configuration of the registry: their source includes the CUTLASS extensions."""
-    return "flux_shmem/gemm_ext.cuh" in (csrc_dir() / f"{family}.cu").read_text()
+    return "flux_shmem/gemm_ext.cuh" in _main_source(family).read_text()
 
 
 def gemm_families() -> list[str]:

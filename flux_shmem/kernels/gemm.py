@@ -1,27 +1,35 @@
 """The CUTLASS GEMM families (csrc/ag_gemm.cu, csrc/gemm_rs.cu) from Python.
 
-Each family's host library (built beside the cubin, see `build.py`) fills the CUTLASS kernel's parameter block,
-TMA descriptors included, from a plain C argument struct (csrc/include/flux_shmem/gemm_abi.h) and returns the
-launch geometry; `CutlassGemm.launch` then passes those bytes as the kernel's single by-value parameter.
+Each family's host library (built beside the cubin, see `build.py`, once per kernel configuration of
+`registry.py`) fills the CUTLASS kernel's parameter block, TMA descriptors included, from a plain C argument struct
+(csrc/include/flux_shmem/gemm_abi.h) and returns the launch geometry; `CutlassGemm.launch` then passes those bytes
+as the kernel's single by-value parameter.
 
-    g = CutlassGemm("ag_gemm", torch.bfloat16, "nk")
-    args = FsAgGemmArgs(m=M, n=N, k=K, a=a.data_ptr(), b=w.data_ptr(), d=out.data_ptr(), sm_count=132, ...)
-    g.launch(args)                       # on torch's current stream
+    choice = config.choose(M, N, K, "bf16", "nk", sm_count=132)       # configuration, swizzle, split
+    g = CutlassGemm.get("ag_gemm", torch.bfloat16, "nk", choice.config)
+    args = FsAgGemmArgs(m=M, n=N, k=K, a=a.data_ptr(), b=w.data_ptr(), d=out.data_ptr(), sm_count=132,
+                        swizzle=choice.swizzle, splits=choice.split, ...)
+    g.launch(args)                       # on torch's current stream; allocates the split-K workspace if needed
+
+    d = gemm(a, b, bias)                 # the plain GEMM (no communication), configuration chosen for the shape
 
 Kernels: `fs_<family>_<dt>_<bl>` with dt in {bf16, fp16} and bl in {kn, nk}: A [M, K] row-major, B [K, N]
 row-major ("kn") or [N, K] row-major ("nk"), D [M, N] row-major, fp32 accumulation, D = A @ B + bias[N].
-Tiles are `tile_shape` (128 x 256) with clusters of `cluster_shape` (2 x 1) CTAs along M; M-tiles are visited in
-the order of `m_tile_order` (the CTAs of a cluster take consecutive entries at the same N-tile), all N-tiles of
-a group of `swizzle * cluster_m` consecutive entries before the next group (see `swizzle_for`).
+Tiles are the configuration's `tile_shape` with clusters of `cluster_shape` CTAs; M-tiles are visited in the order
+of `m_tile_order` (the CTAs of a cluster take consecutive entries at the same N-tile), all N-tiles of a group of
+`swizzle * cluster_m` consecutive entries before the next group. `splits` > 1 splits K for the tiles of the last,
+partial wave (cooperative configurations), reduced in a workspace the kernel leaves zeroed.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
-import os
+import functools
 from typing import Optional, Union
 
 from ..errors import BuildError, FluxShmemError
+from . import config as kconfig
+from . import registry
 from .abi import Ctx as FsCtx
 
 c_u32, c_u64, c_i64, c_i32, c_ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
@@ -29,6 +37,9 @@ c_u32, c_u64, c_i64, c_i32, c_ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_i
 FAMILIES = ("ag_gemm", "gemm_rs")
 B_LAYOUTS = ("kn", "nk")
 DTYPE_NAMES = ("bf16", "fp16")
+
+# Fields added after the first release go at the end (issue 11: splits, workspace), in both structs alike.
+_TAIL = [("splits", c_i32), ("pad1_", c_i32), ("workspace", c_ptr), ("workspace_bytes", c_u64)]
 
 
 class FsLaunch(ctypes.Structure):
@@ -39,14 +50,14 @@ class FsAgGemmArgs(ctypes.Structure):
     _fields_ = [("m", c_i64), ("n", c_i64), ("k", c_i64), ("a", c_ptr), ("b", c_ptr), ("d", c_ptr), ("bias", c_ptr),
                 ("sm_count", c_i32), ("device_id", c_i32), ("chunk_flags", c_ptr), ("epoch", c_ptr),
                 ("rows_per_shard", c_i32), ("chunk_rows", c_i32), ("chunks_per_shard", c_i32), ("wait", c_i32),
-                ("m_tile_order", c_ptr), ("swizzle", c_i32), ("pad_", c_i32), ("ctx", FsCtx)]
+                ("m_tile_order", c_ptr), ("swizzle", c_i32), ("pad_", c_i32), ("ctx", FsCtx)] + _TAIL
 
 
 class FsGemmRsArgs(ctypes.Structure):
     _fields_ = [("m", c_i64), ("n", c_i64), ("k", c_i64), ("a", c_ptr), ("b", c_ptr), ("d", c_ptr), ("bias", c_ptr),
                 ("sm_count", c_i32), ("device_id", c_i32), ("rows_ready", c_ptr), ("bar", c_ptr),
                 ("group_first", c_i32), ("group_size", c_i32), ("epoch", c_ptr), ("m_tile_order", c_ptr),
-                ("swizzle", c_i32), ("pad_", c_i32), ("ctx", FsCtx)]
+                ("swizzle", c_i32), ("pad_", c_i32), ("ctx", FsCtx)] + _TAIL
 
 
 ABI_STRUCTS = {"FsCtx": FsCtx, "FsLaunch": FsLaunch, "FsAgGemmArgs": FsAgGemmArgs, "FsGemmRsArgs": FsGemmRsArgs}
@@ -57,30 +68,7 @@ GemmArgs = Union[FsAgGemmArgs, FsGemmRsArgs]
 PARAMS_ERRORS = {1: "invalid argument", 2: "misaligned operand", 3: "parameter buffer too small",
                  4: "CUTLASS cannot implement", 5: "workspace needed", 6: "TMA descriptor"}
 
-
-SWIZZLES = (1, 2, 4, 8)
-
-
-def swizzle_for(tiles_m: int, cluster_m: int, group_m_tiles: Optional[int] = None) -> int:
-    """Scheduler swizzle s for a GEMM of `tiles_m` M-tiles: the CTAs walk groups of s * cluster_m consecutive
-    entries of the M-tile order across all N-tiles, so a wave reads a squarer block of A and B rows from DRAM.
-
-    8 unless the group would exceed `group_m_tiles` (default: all M-tiles). The fused ops pass the M-tiles of one
-    shard / segment, so that the first wave of AllGather+GEMM needs local rows only and GEMM+ReduceScatter finishes
-    segments one after another. Measured (benchmarks/gemm_tune.py, one H200, bf16, 8 LLM shapes x 2 B layouts,
-    interleaved with cuBLAS; benchmarks/RESULTS.md): 8 within 2% of the best swizzle on every shape, 0.976-1.048
-    of cuBLAS (geometric mean 1.018), where 1 loses up to 7% on the large-K shapes.
-    FLUX_SHMEM_GEMM_SWIZZLE=1|2|4|8 forces a value (tuning)."""
-    env = os.environ.get("FLUX_SHMEM_GEMM_SWIZZLE")
-    if env:
-        if not env.isdigit() or int(env) not in SWIZZLES:
-            raise FluxShmemError(f"FLUX_SHMEM_GEMM_SWIZZLE={env!r}: use one of {SWIZZLES}")
-        return int(env)
-    limit = max(cluster_m, min(tiles_m, group_m_tiles) if group_m_tiles else tiles_m)
-    s = SWIZZLES[-1]
-    while s > 1 and s * cluster_m > limit:
-        s //= 2
-    return s
+SWIZZLES = kconfig.SWIZZLES
 
 
 def kernel_name(family: str, dtype_name: str, b_layout: str) -> str:
@@ -94,11 +82,7 @@ def kernel_name(family: str, dtype_name: str, b_layout: str) -> str:
 
 
 def dtype_name(dtype) -> str:
-    import torch
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    if dtype not in names:
-        raise FluxShmemError(f"CUTLASS GEMMs take bfloat16 or float16 operands, not {dtype}")
-    return names[dtype]
+    return kconfig.dtype_name(dtype)
 
 
 def check_abi(lib: ctypes.CDLL) -> None:
@@ -124,36 +108,64 @@ class GemmHost:
     """The host functions of one GEMM kernel in a family's host library: parameter block + launch geometry.
 
     Needs no GPU to load; making parameters needs the NVIDIA driver (TMA descriptors) unless the arguments are
-    rejected first (those errors are raised without a driver)."""
+    rejected first (those errors are raised without a driver). `config`: the registry entry the library was built
+    for (checked against what the library reports; None: the entry that matches it)."""
 
-    def __init__(self, lib: ctypes.CDLL, family: str, dtype_name_: str, b_layout: str, *, cache_size: int = 64):
+    def __init__(self, lib: ctypes.CDLL, family: str, dtype_name_: str, b_layout: str, *,
+                 config: "str | registry.KernelConfig | None" = None, cache_size: int = 64):
         self.lib, self.family = lib, family
         self.name = kernel_name(family, dtype_name_, b_layout)
         self.args_type = ARGS_TYPE[family]
         try:
             self._params = getattr(lib, self.name + "_params")
             size_fn = getattr(lib, self.name + "_params_size")
+            self._workspace_size = getattr(lib, self.name + "_workspace_size")
             self._last_error = lib.fs_gemm_last_error
+            for fn in ("fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_cluster_m", "fs_gemm_cluster_n",
+                       "fs_gemm_pingpong"):
+                getattr(lib, fn).restype = c_i32
         except AttributeError as e:
             raise BuildError(f"host library of {family} lacks {e}: rebuild with `python -m flux_shmem.build "
                              f"--family {family} --force`") from e
         self._params.restype = ctypes.c_int
         self._params.argtypes = [ctypes.POINTER(self.args_type), c_ptr, ctypes.c_size_t, ctypes.POINTER(FsLaunch)]
+        self._workspace_size.restype = c_i64
+        self._workspace_size.argtypes = [ctypes.POINTER(self.args_type)]
         size_fn.restype = ctypes.c_size_t
         self._last_error.restype = ctypes.c_char_p
         self.params_size = int(size_fn())
-        for fn in ("fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_cluster_m", "fs_gemm_cluster_n"):
-            getattr(lib, fn).restype = c_i32
         self.tile_shape = (int(lib.fs_gemm_tile_m()), int(lib.fs_gemm_tile_n()))
         self.cluster_shape = (int(lib.fs_gemm_cluster_m()), int(lib.fs_gemm_cluster_n()))
+        self.pingpong = bool(lib.fs_gemm_pingpong())
+        built = (self.tile_shape, self.cluster_shape, self.pingpong)
+        if config is None:
+            match = [c for c in registry.CONFIGS.values() if _shape_of(c) == built]
+            if not match:
+                raise BuildError(f"host library of {family} reports tile {self.tile_shape}, cluster "
+                                 f"{self.cluster_shape}, pingpong={self.pingpong}: no registry entry has that")
+            config = match[0]
+        self.config = registry.get(config)
+        if _shape_of(self.config) != built:
+            raise BuildError(f"host library of {family} was built as tile {self.tile_shape}, cluster "
+                             f"{self.cluster_shape}, pingpong={self.pingpong}, not as {self.config.name} "
+                             f"({self.config.describe()}): rebuild with `python -m flux_shmem.build --family {family} "
+                             f"--config {self.config.name} --force`")
         self._cache: collections.OrderedDict[bytes, tuple[bytes, FsLaunch]] = collections.OrderedDict()
         self._cache_size = cache_size
+
+    def _error(self, rc: int) -> FluxShmemError:
+        msg = (self._last_error() or b"").decode(errors="replace")
+        return FluxShmemError(f"{self.name} [{self.config.name}]: {PARAMS_ERRORS.get(rc, 'error')} (code {rc}): "
+                              f"{msg}")
+
+    def _check_type(self, args: GemmArgs) -> None:
+        if not isinstance(args, self.args_type):
+            raise FluxShmemError(f"{self.name} takes {self.args_type.__name__}, not {type(args).__name__}")
 
     def params(self, args: GemmArgs) -> tuple[bytes, FsLaunch]:
         """(parameter block, launch geometry) for `args`; cached per distinct args (all fields are the key, since
         the TMA descriptors embed the pointers)."""
-        if not isinstance(args, self.args_type):
-            raise FluxShmemError(f"{self.name} takes {self.args_type.__name__}, not {type(args).__name__}")
+        self._check_type(args)
         key = bytes(args)
         hit = self._cache.get(key)
         if hit is not None:
@@ -163,13 +175,20 @@ class GemmHost:
         launch = FsLaunch()
         rc = self._params(ctypes.byref(args), buf, self.params_size, ctypes.byref(launch))
         if rc != 0:
-            msg = (self._last_error() or b"").decode(errors="replace")
-            raise FluxShmemError(f"{self.name}: {PARAMS_ERRORS.get(rc, 'error')} (code {rc}): {msg}")
+            raise self._error(rc)
         out = (buf.raw, launch)
         self._cache[key] = out
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return out
+
+    def workspace_size(self, args: GemmArgs) -> int:
+        """Bytes of zeroed workspace `args` needs (0 unless splits > 1 and some tile is split)."""
+        self._check_type(args)
+        n = int(self._workspace_size(ctypes.byref(args)))
+        if n < 0:
+            raise self._error(1)
+        return n
 
     def tiles(self, m: int, n: int) -> tuple[int, int]:
         """(tiles_m, tiles_n) of an M x N output: the length of `m_tile_order` and the rows_ready increments per
@@ -178,29 +197,49 @@ class GemmHost:
         return (m + tm - 1) // tm, (n + tn - 1) // tn
 
     def swizzle(self, m: int, group_m_tiles: Optional[int] = None) -> int:
-        """`swizzle_for` this kernel's tiles and cluster, for an output of m rows."""
-        return swizzle_for(-(-m // self.tile_shape[0]), self.cluster_shape[0], group_m_tiles)
+        """The swizzle for an output of m rows with groups of at most `group_m_tiles` of this kernel's M-tiles
+        (config.swizzle_for; FLUX_SHMEM_GEMM_CONFIG's swizzle= overrides)."""
+        forced = kconfig.forced().get("swizzle")
+        if forced is not None:
+            return forced
+        rows = group_m_tiles * self.tile_shape[0] if group_m_tiles else None
+        return kconfig.swizzle_for(self.config, m, rows)[0]
+
+
+def _shape_of(cfg: registry.KernelConfig) -> tuple:
+    return ((cfg.tile_m, cfg.tile_n), (cfg.cluster_m, cfg.cluster_n), cfg.pingpong)
 
 
 class CutlassGemm:
-    """One CUTLASS GEMM kernel of a loaded family (needs a Hopper GPU): `launch(args)` runs it on a stream."""
+    """One CUTLASS GEMM kernel of a loaded family and kernel configuration (needs a Hopper GPU): `launch(args)` runs
+    it on a stream. `CutlassGemm.get(...)` shares one instance per (family, dtype, layout, configuration) in the
+    process; an instance owns the split-K workspace its launches use, so launches of one instance on several
+    streams at once need separate instances (or their own `args.workspace`)."""
 
-    def __init__(self, family: str, dtype, b_layout: str):
+    def __init__(self, family: str, dtype, b_layout: str, config: "str | registry.KernelConfig | None" = None):
         from . import module as kmodule
         self.family, self.dtype, self.b_layout = family, dtype, b_layout
+        self.config = registry.get(config)
         name = kernel_name(family, dtype_name(dtype), b_layout)
-        self.module = kmodule.load(family)
+        self.module = kmodule.load(family, self.config.name)
         if self.module.host_lib is None:
             raise BuildError(f"family {family} was built without its host library: rebuild it with "
-                             f"`python -m flux_shmem.build --family {family} --force`")
+                             f"`python -m flux_shmem.build --family {family} --config {self.config.name} --force`")
         check_abi(self.module.host_lib)
-        self.host = GemmHost(self.module.host_lib, family, dtype_name(dtype), b_layout)
+        self.host = GemmHost(self.module.host_lib, family, dtype_name(dtype), b_layout, config=self.config)
         self.kernel = self.module.kernel(name)
         if self.kernel.param_size is not None and self.kernel.param_size != self.host.params_size:
             raise BuildError(f"{name}: the cubin takes {self.kernel.param_size} parameter bytes, the host library "
                              f"makes {self.host.params_size}: cubin and host library come from different builds; "
-                             f"rebuild with `python -m flux_shmem.build --family {family} --force`")
+                             f"rebuild with `python -m flux_shmem.build --family {family} --config "
+                             f"{self.config.name} --force`")
         self.name = name
+        self._workspace = None  # torch uint8 tensor, zeroed when allocated; the kernel leaves it zeroed
+
+    @staticmethod
+    def get(family: str, dtype, b_layout: str, config: "str | registry.KernelConfig | None" = None) -> "CutlassGemm":
+        """The process's shared instance for this kernel (built and loaded on first use)."""
+        return _shared_gemm(family, dtype_name(dtype), b_layout, registry.get(config).name)
 
     @property
     def tile_shape(self) -> tuple[int, int]:
@@ -216,9 +255,93 @@ class CutlassGemm:
     def swizzle(self, m: int, group_m_tiles: Optional[int] = None) -> int:
         return self.host.swizzle(m, group_m_tiles)
 
+    def workspace(self, nbytes: int):
+        """This instance's zeroed split-K workspace of at least `nbytes` (grown by replacing it, outside CUDA-graph
+        capture only)."""
+        import torch
+        if self._workspace is None or self._workspace.numel() < nbytes:
+            if torch.cuda.is_current_stream_capturing():
+                raise FluxShmemError(f"{self.name} [{self.config.name}]: this split-K launch needs a {nbytes}-byte "
+                                     "workspace, which cannot be allocated during CUDA-graph capture: run the same "
+                                     "call once before capturing (or pass args.workspace)")
+            self._workspace = torch.zeros(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
+        return self._workspace
+
+    def with_workspace(self, args: GemmArgs):
+        """(args, workspace tensor or None): `args` itself when the launch needs no workspace or brings its own,
+        else a copy pointing at this instance's. Whoever keeps the parameter block must keep the tensor alive."""
+        if args.splits <= 1 or args.workspace:
+            return args, None
+        need = self.host.workspace_size(args)
+        if need == 0:
+            return args, None
+        ws = self.workspace(need)
+        out = type(args).from_buffer_copy(args)
+        out.workspace, out.workspace_bytes = ws.data_ptr(), ws.numel()
+        return out, ws
+
     def launch(self, args: GemmArgs, stream=None) -> FsLaunch:
         """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current)."""
+        args, _ws = self.with_workspace(args)  # the instance holds the current workspace
         blob, geo = self.host.params(args)
         self.kernel.launch(blob, tuple(geo.grid), tuple(geo.block), smem=int(geo.smem_bytes), stream=stream,
                            cluster=tuple(geo.cluster))
         return geo
+
+    def prepare(self, args: GemmArgs):
+        """A callable `run(stream=None)` that launches `args` with the parameter block made now (benchmarks and
+        CUDA graphs: no per-launch host work but the launch itself). It keeps its workspace alive."""
+        args, ws = self.with_workspace(args)
+        blob, geo = self.host.params(args)
+        grid, block, cluster, smem = tuple(geo.grid), tuple(geo.block), tuple(geo.cluster), int(geo.smem_bytes)
+        kernel = self.kernel
+
+        def run(stream=None, _keep=ws) -> None:
+            kernel.launch(blob, grid, block, smem=smem, stream=stream, cluster=cluster)
+        run.geometry = geo  # type: ignore[attr-defined]
+        return run
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_gemm(family: str, dt: str, b_layout: str, config: str) -> CutlassGemm:
+    return CutlassGemm(family, dt, b_layout, config)
+
+
+def plain_args(family: str, a, b, d, bias, m: int, n: int, k: int, *, sm_count: int, device_id: int,
+               choice: kconfig.Choice) -> GemmArgs:
+    """Argument struct of a plain GEMM (no waits, no signals) of either family with `choice`'s swizzle and split."""
+    common = dict(m=m, n=n, k=k, a=a, b=b, d=d, bias=bias or 0, sm_count=sm_count, device_id=device_id,
+                  swizzle=choice.swizzle, splits=choice.split, ctx=FsCtx())
+    return ARGS_TYPE[family](**common)
+
+
+def gemm(a, b, bias=None, *, out=None, family: str = "gemm_rs", choice: Optional[kconfig.Choice] = None,
+         sm_count: Optional[int] = None, stream=None):
+    """out[m, n] = a[m, k] @ b[k, n] (+ bias[n]) with our CUTLASS kernel: the plain GEMM of `family` (no
+    communication). b is row-major [k, n] or the transpose of a row-major [n, k] weight (w.t()). The configuration
+    is `choice`, else config.choose() for this shape on `sm_count` SMs (default: all of the device's). Returns out."""
+    import torch
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise FluxShmemError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    if b.is_contiguous():
+        layout = "kn"
+    elif b.t().is_contiguous():
+        layout = "nk"
+    else:
+        raise FluxShmemError("gemm: b must be row-major [K, N] or the transpose of a row-major [N, K] tensor")
+    if not a.is_contiguous():
+        raise FluxShmemError("gemm: a must be row-major (a.contiguous())")
+    m, k = a.shape
+    n = b.shape[1]
+    dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    if sm_count is None:
+        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
+    if choice is None:
+        choice = kconfig.choose(m, n, k, a.dtype, layout, sm_count)
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    g = CutlassGemm.get(family, a.dtype, layout, choice.config)
+    g.launch(plain_args(family, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                        bias.data_ptr() if bias is not None else 0, m, n, k, sm_count=sm_count, device_id=dev,
+                        choice=choice), stream=stream)
+    return out

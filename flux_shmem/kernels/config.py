@@ -1,0 +1,360 @@
+"""Which GEMM kernel configuration, scheduler swizzle and K split run one problem.
+
+    choice = choose(m, n, k, "bf16", "nk", sm_count=132)            # or dtype=torch.bfloat16
+    choice.config, choice.swizzle, choice.split, choice.describe()
+
+Three sources, in this order:
+  * forced: `FLUX_SHMEM_GEMM_CONFIG="config=128x128_c2x1_pp,swizzle=1,split=1"` (any subset of the keys; a bare
+    name means config=NAME) overrides what it names, for experiments;
+  * tuned: the tuning cache (flux_shmem/kernels/tune_cache.py, written by `python -m flux_shmem.tune` or, with
+    FLUX_SHMEM_TUNE=1, by the first call of a shape) holds the measured best for this GPU, SM count, CUDA
+    version, dtype, layout and shape;
+  * heuristic: a model of the persistent kernel's waves (below), from the tile counts and the SM count only, so a
+    new GPU or an SM budget (MPS, green contexts, SMs left to communication) needs no table.
+
+The model. A configuration runs T cluster tiles on P persistent clusters (CUTLASS's occupancy rule on `sm_count`);
+each cluster tile costs k-tiles x (tile FLOPs / a nominal per-SM rate / the configuration's efficiency) plus its
+epilogue. Whole waves cost ceil(T / P) tile times. With a K split S > 1 (cooperative kernels only), the tiles of the
+last, partial wave run as S units of 1/S of K each, plus a serial reduction of S fp32 partial tiles: worth it when
+that wave is mostly empty (the N = 1280 shard of Llama-3 70B QKV at TP 8: 8192 x 1280 x 8192 is 2.4 waves of
+128 x 256 tiles on 132 SMs). The model ranks candidates; it does not predict absolute times well (estimate_us is a
+rough figure). A candidate replaces the default (128x256 cooperative, swizzle 8, no split) only when the model
+expects it to be faster by more than MARGIN, since the default is the measured one.
+
+Fused ops pass `group_rows`: the scheduler's swizzle group (swizzle clusters of M-tiles walking across N together)
+must fit in that many rows (one all-gather chunk or reduce-scatter segment), so that a wave only needs rows already
+there; the group never gets smaller than one cluster. Pure Python: no torch needed (the tuning cache lookup needs
+the GPU's name, from torch when `device` is not given).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from ..errors import FluxShmemError
+from . import registry
+from .registry import KernelConfig
+
+ENV_FORCE = "FLUX_SHMEM_GEMM_CONFIG"
+ENV_TUNE = "FLUX_SHMEM_TUNE"
+SWIZZLES = (1, 2, 4, 8)
+DEFAULT_SWIZZLE = 8
+DTYPES = ("bf16", "fp16")
+LAYOUTS = ("kn", "nk")
+MARGIN = 0.03  # relative gain the model must see before leaving the default configuration
+
+# Model constants (nominal, one set for every GPU: the model ranks candidates, the tuner measures).
+SM_TFLOPS = 5.0          # dense bf16/fp16 tensor-core rate per SM a good kernel sustains (~660 TF on 132 SMs)
+EFFICIENCY = {           # per-k-step efficiency relative to 128x256 cooperative
+    ("cooperative", 128, 256): 1.0, ("cooperative", 256, 128): 1.0,
+    ("cooperative", 128, 128): 0.90, ("pingpong", 128, 128): 0.95,
+}
+EPILOGUE_US = 0.3        # fixed cost of a cooperative epilogue (not overlapped with the tile's own mainloop)
+STORE_GBPS = 400.0       # per-SM rate of the epilogue's stores (bytes / us = GB/s / 1000 * 1e6 / 1e6)
+REDUCE_STEP_US = 0.5     # per split: lock hand-off of the serial split-K reduction
+REDUCE_GBPS = 150.0      # per-SM rate of reading/writing fp32 partial tiles
+LAUNCH_US = 4.0          # kernel start and tail, the same for every candidate
+DRAM_GBPS = 3500.0       # floor: A, B and D cross DRAM at least once
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What runs a GEMM: a registry configuration, the scheduler swizzle, the K split of the last wave's tiles."""
+
+    config: str
+    swizzle: int
+    split: int
+    source: str   # "heuristic", "tuned" or "forced"
+    reason: str
+    estimate_us: Optional[float] = None  # the model's figure (heuristic) or the measured median (tuned)
+
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return registry.get(self.config)
+
+    def describe(self) -> str:
+        return f"{self.config} swizzle={self.swizzle} split={self.split} ({self.source}: {self.reason})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The model's view of one candidate."""
+
+    config: KernelConfig
+    swizzle: int
+    split: int
+    us: float            # modelled time (ranking)
+    tiles: int           # cluster tiles
+    clusters: int        # persistent clusters
+    waves: float         # tiles / clusters
+    tail_tiles: int      # tiles of the last, partial wave (split when split > 1)
+    swizzle_note: str = ""
+
+    def summary(self) -> str:
+        s = f"{self.tiles} {self.config.tile_m}x{self.config.tile_n} cluster tiles = {self.waves:.2f} waves"
+        if self.split > 1:
+            s += f", last {self.tail_tiles} split {self.split}-way"
+        return s + f", model {self.us:.0f} us"
+
+
+def dtype_name(dtype) -> str:
+    """'bf16' / 'fp16' from those strings or a torch dtype (without importing torch)."""
+    text = str(dtype)
+    names = {"bf16": "bf16", "fp16": "fp16", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+             "bfloat16": "bf16", "float16": "fp16"}
+    if text not in names:
+        raise FluxShmemError(f"CUTLASS GEMMs take bfloat16 or float16 operands, not {dtype}")
+    return names[text]
+
+
+def persistent_clusters(cfg: KernelConfig, sm_count: int) -> int:
+    """Clusters of the persistent grid on `sm_count` SMs: CUTLASS's rule (PersistentTileSchedulerSm90Params::
+    get_max_cta_occupancy: whole clusters per GPC of up to 18 SMs, at most sm_count CTAs), which the kernel's launch
+    grid follows."""
+    if sm_count <= 0:
+        raise FluxShmemError(f"sm_count must be > 0, got {sm_count}")
+    size = cfg.cluster_size
+    if size == 1:
+        return sm_count
+    per_gpc = 18
+    full_gpcs = 1 if sm_count < per_gpc else sm_count // per_gpc
+    ctas = full_gpcs * (per_gpc - per_gpc % size)
+    residual = 0 if sm_count < per_gpc else sm_count % per_gpc
+    ctas += residual - residual % size
+    ctas = min(ctas, sm_count)
+    return max(1, ctas // size)
+
+
+def cluster_tiles(cfg: KernelConfig, m: int, n: int) -> Tuple[int, int]:
+    """(cluster tiles along M, along N)."""
+    tm, tn = cfg.tiles(m, n)
+    return -(-tm // cfg.cluster_m), -(-tn // cfg.cluster_n)
+
+
+def swizzle_for(cfg: KernelConfig, m: int, group_rows: Optional[int] = None) -> Tuple[int, str]:
+    """(swizzle, note): DEFAULT_SWIZZLE clusters of M-tiles per group, fewer when the group would exceed
+    `group_rows` rows or the problem's M clusters; never below 1 (one cluster, which the note then reports when it
+    exceeds group_rows)."""
+    rows_per_cluster = cfg.tile_m * cfg.cluster_m
+    clusters_m = -(-m // rows_per_cluster)
+    s = DEFAULT_SWIZZLE
+    while s > 1 and s > clusters_m:
+        s //= 2
+    note = ""
+    if group_rows is not None:
+        if group_rows <= 0:
+            raise FluxShmemError(f"group_rows must be > 0, got {group_rows}")
+        while s > 1 and s * rows_per_cluster > group_rows:
+            s //= 2
+        if rows_per_cluster > group_rows:
+            note = f"one cluster ({rows_per_cluster} rows) exceeds group_rows={group_rows}"
+    return s, note
+
+
+def _efficiency(cfg: KernelConfig) -> float:
+    return EFFICIENCY.get((cfg.schedule, cfg.tile_m, cfg.tile_n), 0.85)
+
+
+def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: int = 1, *, elem_bytes: int = 2,
+             group_rows: Optional[int] = None) -> Estimate:
+    """The model's time for one configuration and K split (see the module docstring)."""
+    if min(m, n, k) <= 0:
+        raise FluxShmemError(f"bad GEMM size {m}x{n}x{k}")
+    if not 1 <= split <= cfg.max_splits:
+        raise FluxShmemError(f"{cfg.name}: split must be in [1, {cfg.max_splits}], got {split}")
+    cm, cn = cluster_tiles(cfg, m, n)
+    tiles = cm * cn
+    clusters = persistent_clusters(cfg, sm_count)
+    k_tiles = -(-k // registry.TILE_K)
+    split = min(split, k_tiles)
+    step_us = cfg.tile_m * cfg.tile_n * registry.TILE_K * 2 / (SM_TFLOPS * 1e6 * _efficiency(cfg))
+    out_bytes = cfg.tile_m * cfg.tile_n * elem_bytes
+    epi_us = (EPILOGUE_US + out_bytes / (STORE_GBPS * 1e3)) if not cfg.pingpong else 0.1 * EPILOGUE_US
+    tile_us = k_tiles * step_us + epi_us
+    if split == 1:
+        us, tail = math.ceil(tiles / clusters) * tile_us, tiles % clusters
+    else:
+        whole = tiles // clusters * clusters
+        tail = tiles - whole
+        reduce_us = split * (REDUCE_STEP_US + cfg.tile_m * cfg.tile_n * 4 / (REDUCE_GBPS * 1e3))
+        unit_us = math.ceil(k_tiles / split) * step_us + epi_us + reduce_us
+        us = whole // clusters * tile_us + math.ceil(tail * split / clusters) * unit_us
+    swizzle, note = swizzle_for(cfg, m, group_rows)
+    return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, note)
+
+
+def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> List[int]:
+    """K splits worth modelling: 1, and when the last wave is partial, the splits that fill it (up to the kernel's
+    bound and the K-tiles)."""
+    if cfg.max_splits == 1:
+        return [1]
+    cm, cn = cluster_tiles(cfg, m, n)
+    tiles, clusters = cm * cn, persistent_clusters(cfg, sm_count)
+    tail = tiles % clusters
+    if tail == 0:
+        return [1]
+    k_tiles = -(-k // registry.TILE_K)
+    top = min(cfg.max_splits, k_tiles, max(1, clusters // tail))
+    return list(range(1, top + 1))
+
+
+def candidates(m: int, n: int, k: int, sm_count: int, *, configs: Optional[Iterable[str]] = None,
+               group_rows: Optional[int] = None, elem_bytes: int = 2) -> List[Estimate]:
+    """Every (configuration, split) the model considers, fastest first (ties: registry order, fewer splits)."""
+    names = list(configs) if configs is not None else list(registry.names())
+    if not names:
+        raise FluxShmemError("no kernel configuration to choose from (configs is empty)")
+    out = []
+    for order, name in enumerate(names):
+        cfg = registry.get(name)
+        for split in _split_options(cfg, m, n, k, sm_count):
+            out.append((order, estimate(cfg, m, n, k, sm_count, split, elem_bytes=elem_bytes,
+                                        group_rows=group_rows)))
+    out.sort(key=lambda t: (t[1].us, t[0], t[1].split))
+    return [e for _, e in out]
+
+
+def heuristic(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_rows: Optional[int] = None, *,
+              configs: Optional[Sequence[str]] = None) -> Choice:
+    """The model's choice (see the module docstring): the default configuration unless another candidate is
+    faster by more than MARGIN."""
+    _check(m, n, k, dtype, layout, sm_count)
+    names = list(configs) if configs is not None else list(registry.names())
+    ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows)
+    base_name = registry.DEFAULT if registry.DEFAULT in names else names[0]
+    base = next(e for e in ranked if e.config.name == base_name and e.split == 1)
+    best = ranked[0]
+    if best.us * (1 + MARGIN) >= base.us:
+        best, why = base, "default; no candidate modelled more than {:.0%} faster".format(MARGIN)
+    else:
+        why = f"{base.us / best.us:.2f}x faster than the default in the model"
+    reason = f"{best.summary()}; {why}" + (f"; {best.swizzle_note}" if best.swizzle_note else "")
+    return Choice(best.config.name, best.swizzle, best.split, "heuristic", reason,
+                  round(max(best.us, _dram_floor_us(m, n, k)) + LAUNCH_US, 1))
+
+
+def _dram_floor_us(m: int, n: int, k: int, elem_bytes: int = 2) -> float:
+    return (m * k + k * n + m * n) * elem_bytes / (DRAM_GBPS * 1e3)
+
+
+def _check(m: int, n: int, k: int, dtype, layout: str, sm_count: int) -> None:
+    dtype_name(dtype)
+    if layout not in LAYOUTS:
+        raise FluxShmemError(f"layout {layout!r} unknown: 'kn' (B is [K, N]) or 'nk' (B is [N, K])")
+    if min(m, n, k) <= 0:
+        raise FluxShmemError(f"bad GEMM size {m}x{n}x{k}: M, N and K must be positive")
+    if sm_count <= 0:
+        raise FluxShmemError(f"sm_count must be > 0, got {sm_count}")
+
+
+def forced() -> dict:
+    """The fields FLUX_SHMEM_GEMM_CONFIG sets: {'config': str, 'swizzle': int, 'split': int} (any subset)."""
+    raw = os.environ.get(ENV_FORCE, "").strip()
+    if not raw:
+        return {}
+    out: dict = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        key, _, val = part.partition("=") if "=" in part else ("config", "", part)
+        key, val = key.strip(), val.strip()
+        try:
+            if key == "config":
+                out["config"] = registry.get(val).name
+            elif key == "swizzle":
+                if not val.isdigit() or int(val) not in SWIZZLES:
+                    raise FluxShmemError(f"swizzle must be one of {SWIZZLES}")
+                out["swizzle"] = int(val)
+            elif key == "split":
+                if not val.isdigit() or not 1 <= int(val) <= registry.MAX_SPLITS:
+                    raise FluxShmemError(f"split must be in [1, {registry.MAX_SPLITS}]")
+                out["split"] = int(val)
+            else:
+                raise FluxShmemError("keys are config, swizzle and split")
+        except FluxShmemError as e:
+            raise FluxShmemError(f"{ENV_FORCE}={raw!r}: bad entry {part!r}: {e}") from None
+    return out
+
+
+def _apply_forced(choice: Choice, force: dict, m: int, group_rows: Optional[int]) -> Choice:
+    if not force:
+        return choice
+    cfg = registry.get(force.get("config", choice.config))
+    swizzle = force.get("swizzle", choice.swizzle if cfg.name == choice.config else swizzle_for(cfg, m, group_rows)[0])
+    split = min(force.get("split", choice.split if cfg.name == choice.config else 1), cfg.max_splits)
+    text = ",".join(f"{k}={v}" for k, v in force.items())
+    return Choice(cfg.name, swizzle, split, "forced", f"{ENV_FORCE}={text}; otherwise {choice.source}")
+
+
+def _fit_group(choice: Choice, m: int, group_rows: Optional[int]) -> Choice:
+    """A tuned choice with the swizzle capped to the caller's group_rows."""
+    if group_rows is None:
+        return choice
+    cfg = registry.get(choice.config)
+    cap, note = swizzle_for(cfg, m, group_rows)
+    if choice.swizzle <= cap:
+        return choice
+    extra = f"; swizzle {choice.swizzle} capped at {cap} by group_rows={group_rows}" + (f" ({note})" if note else "")
+    return dataclasses.replace(choice, swizzle=cap, reason=choice.reason + extra)
+
+
+def choose(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_rows: Optional[int] = None, *,
+           configs: Optional[Sequence[str]] = None, device=None, use_cache: bool = True) -> Choice:
+    """The configuration, swizzle and split for D[m, n] = A[m, k] @ B on `sm_count` SMs (see the module docstring).
+
+    dtype: 'bf16'/'fp16' or a torch dtype; layout: 'kn' (B [K, N]) or 'nk' (B [N, K]); group_rows: the fused ops'
+    cap on the swizzle group, in rows; configs: restrict to these registry names (e.g. the tile_m a fused op was
+    built for); device: a tune_cache.DeviceKey (default: the current CUDA device, when there is one) for the
+    tuning-cache lookup; use_cache=False: the heuristic alone."""
+    _check(m, n, k, dtype, layout, sm_count)
+    dt = dtype_name(dtype)
+    allowed = list(configs) if configs is not None else list(registry.names())
+    force = forced()
+    choice = None
+    if use_cache and "config" not in force:
+        choice = _tuned(m, n, k, dt, layout, sm_count, allowed, device)
+    if choice is not None:
+        choice = _fit_group(choice, m, group_rows)
+    else:
+        choice = heuristic(m, n, k, dt, layout, sm_count, group_rows, configs=allowed)
+    return _apply_forced(choice, force, m, group_rows)
+
+
+def _tuned(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, allowed: List[str], device) -> \
+        Optional[Choice]:
+    from . import tune_cache
+    if device is None:
+        device = tune_cache.current_device(sm_count)
+        if device is None:  # no GPU here: nothing was measured for it
+            return None
+    else:
+        device = dataclasses.replace(device, sm_count=sm_count)
+    try:
+        entry = tune_cache.shared().lookup(device, dt, layout, m, n, k)
+    except tune_cache.TuneCacheError as e:
+        tune_cache.warn_once(str(e))
+        return None
+    if entry is None and os.environ.get(ENV_TUNE, "") == "1":
+        entry = _tune_now(m, n, k, dt, layout, sm_count, device)
+    if entry is None or entry.config not in allowed:
+        return None
+    return Choice(entry.config, entry.swizzle, entry.split, "tuned",
+                  f"measured {entry.ms * 1e3:.0f} us on {device.gpu} ({entry.candidates} candidates, "
+                  f"{entry.measured})", round(entry.ms * 1e3, 1))
+
+
+def _tune_now(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, device):
+    """FLUX_SHMEM_TUNE=1: measure this shape now (not inside a CUDA-graph capture), record it, return the entry."""
+    try:
+        import torch
+        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+            return None
+    except ImportError:
+        return None
+    from . import tune
+    print(f"flux_shmem: tuning GEMM {m}x{n}x{k} {dt} {layout} on {sm_count} SMs ({ENV_TUNE}=1)", file=sys.stderr,
+          flush=True)
+    return tune.tune_shape(m, n, k, dt, layout, sm_count, device=device).entry
