@@ -211,7 +211,8 @@ def test_split_k_workspace_and_errors(libs):
         assert h.workspace_size(args(**base, splits=1)) == 0
         assert h.workspace_size(args(**base, splits=2)) == 56 * 128 * 256 * 4 + 56 * 2 * 4
         assert h.workspace_size(args(**{**base, "m": 1024}, splits=3)) == 20 * 2 * 128 * 256 * 4 + 40 * 2 * 4
-        assert h.workspace_size(args(**{**base, "m": 16384}, splits=2)) == 0  # 320 tiles: no partial wave
+        assert h.workspace_size(args(**{**base, "m": 16384}, splits=2)) == 112 * 128 * 256 * 4 + 112 * 2 * 4
+        assert h.workspace_size(args(**{**base, "m": 66 * 256, "n": 256}, splits=2)) == 0  # one whole wave
         with pytest.raises(FluxShmemError, match="splits=17 but this kernel configuration takes 1 to 16"):
             h.workspace_size(args(**base, splits=17))
         with pytest.raises(FluxShmemError, match="splits=4 exceeds the 2 K-tiles of k=128"):

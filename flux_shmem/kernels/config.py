@@ -29,6 +29,7 @@ the GPU's name, from torch when `device` is not given).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -222,7 +223,12 @@ def heuristic(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_r
     """The model's choice (see the module docstring): the default configuration unless another candidate is
     faster by more than MARGIN."""
     _check(m, n, k, dtype, layout, sm_count)
-    names = list(configs) if configs is not None else list(registry.names())
+    names = tuple(configs) if configs is not None else registry.names()
+    return _heuristic(m, n, k, sm_count, group_rows, names)
+
+
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments; ops ask per call
+def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int], names: Tuple[str, ...]) -> Choice:
     ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows)
     base_name = registry.DEFAULT if registry.DEFAULT in names else names[0]
     base = next(e for e in ranked if e.config.name == base_name and e.split == 1)
