@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import BuildError
+from ..errors import BuildError, FluxShmemError
 from . import registry
 
 DEFAULT_ARCHS = ("90a",)
@@ -168,7 +168,7 @@ def resolve_config(family: str, config: "str | registry.KernelConfig | None") ->
         return None
     try:
         return registry.get(config)
-    except Exception as e:  # FluxShmemError from the registry: report it as a build error
+    except FluxShmemError as e:  # an unknown name: a build error like the others
         raise BuildError(str(e)) from None
 
 
@@ -203,7 +203,7 @@ def _gencode(arch: str) -> str:
 
 
 def _run_all(steps: list[list[tuple[list[str], str]]]) -> None:
-    """Run several sequences of commands at once (each sequence in order); raise on the first failure."""
+    """Run several sequences of commands at once (each sequence in order); raise one error listing the failures."""
     procs = []
     for seq in steps:
         procs.append(subprocess.Popen(["/bin/sh", "-c", " && ".join(_sh(c) for c, _ in seq)],
