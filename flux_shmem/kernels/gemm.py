@@ -201,6 +201,7 @@ class CutlassGemm:
                              f"makes {self.host.params_size}: cubin and host library come from different builds; "
                              f"rebuild with `python -m flux_shmem.build --family {family} --force`")
         self.name = name
+        self._max_ctas: Optional[int] = None
 
     @property
     def tile_shape(self) -> tuple[int, int]:
@@ -216,9 +217,25 @@ class CutlassGemm:
     def swizzle(self, m: int, group_m_tiles: Optional[int] = None) -> int:
         return self.host.swizzle(m, group_m_tiles)
 
+    def max_ctas(self, geo: FsLaunch) -> Optional[int]:
+        """CTAs of this kernel that can be resident at once in this context (the driver's occupancy answer for its
+        cluster shape, cached), or None where the driver cannot say."""
+        if self._max_ctas is None:
+            cl = tuple(geo.cluster)
+            n = self.kernel.max_active_clusters(tuple(geo.block), int(geo.smem_bytes), cl)
+            self._max_ctas = (n * cl[0] * cl[1] * cl[2]) if n else 0
+        return self._max_ctas or None
+
     def launch(self, args: GemmArgs, stream=None) -> FsLaunch:
-        """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current)."""
+        """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current). A
+        persistent grid larger than what can be resident at once (occupancy query) is shrunk to fit: its CTAs
+        would otherwise wait for each other's SMs."""
         blob, geo = self.host.params(args)
+        cap = self.max_ctas(geo)
+        if cap is not None and geo.grid[0] * geo.grid[1] * geo.grid[2] > cap and args.sm_count > cap:
+            args = type(args).from_buffer_copy(args)
+            args.sm_count = cap
+            blob, geo = self.host.params(args)
         self.kernel.launch(blob, tuple(geo.grid), tuple(geo.block), smem=int(geo.smem_bytes), stream=stream,
                            cluster=tuple(geo.cluster))
         return geo

@@ -16,7 +16,9 @@ from typing import Any, Iterator
 from ..errors import FluxShmemError, NoGPUError, NotInitializedError
 from .topology import Layout, kernel_node_size, layout_from_hosts
 
-DEFAULT_TIMEOUT_S = 30.0
+# Ranks of a healthy job drift by minutes (first-use kernel builds, checkpoint I/O, data loading): like NCCL's
+# watchdog, wait 10 minutes before declaring a peer lost. Tests set FLUX_SHMEM_TIMEOUT_S low.
+DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclasses.dataclass
@@ -111,7 +113,7 @@ def init(comm=None, *, device: int | None = None, heap_size: int | None = None, 
 
     device:    CUDA device index (default: local rank modulo the visible GPUs, so ranks may share a GPU).
     heap_size: bytes of symmetric heap per PE (sets NVSHMEM_SYMMETRIC_SIZE; default NVSHMEM's 1 GiB).
-    timeout_s: device-side waits on peers give up after this (default $FLUX_SHMEM_TIMEOUT_S or 30).
+    timeout_s: device-side waits on peers give up after this (default $FLUX_SHMEM_TIMEOUT_S or 600).
     force_put: send every peer's data with NVSHMEM put/signal, the inter-node code path, even inside a node
                (default $FLUX_SHMEM_FORCE_PUT).
     """

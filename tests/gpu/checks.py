@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import flux_shmem  # noqa: E402
+import flux_shmem.runtime.pacing  # noqa: E402,F401
 
 CHECKS: dict[str, list] = {}
 
@@ -332,7 +333,8 @@ def ag_gemm_copy_engine(rt):
         raise AssertionError("engine='ce' accepted outside one NVLink domain")
     for ms, n, k, cr in ((512, 512, 256, None), (100, 264, 200, 40), (1024, 1024, 512, 128)):
         op = flux_shmem.AllGatherGEMM(ms * W, n, k, torch.bfloat16, mode="fused", engine="ce", chunk_rows=cr)
-        assert "engine=ce" in repr(op) and op.gemm_sms == (op.sms - 1) // 2 * 2, repr(op)
+        plan = op.call_plan(ms * W)
+        assert plan.engine == "ce" and plan.gemm_sms == (op.budget.sms - 1) // 2 * 2, repr(op)
         for seed, layout in ((5, "kn"), (6, "nk")):
             a_all = gathered_inputs(rt, (ms, k), torch.bfloat16, seed + ms)
             b = weight(k, n, layout, torch.bfloat16, seed)
@@ -408,6 +410,186 @@ def gemm_argument_errors(rt):
             raise AssertionError(f"no {exc.__name__} for a bad call ({word})")
 
 
+@check("gemm")
+def ag_gemm_engines_agree(rt):
+    """engine 'sm', 'ce' and 'auto' give the same product (and 'auto' says what it chose)."""
+    W = rt.world_size
+    engines = ["sm", "auto"] + (["ce"] if rt.node_size == W and flux_shmem.runtime.pacing.emulation() is None else [])
+    a_all = gathered_inputs(rt, (384, 256), torch.bfloat16, 77)
+    b = weight(256, 512, "nk", torch.bfloat16, 78)
+    ref = torch.cat(a_all).double() @ b.double()
+    for eng in engines:
+        op = flux_shmem.AllGatherGEMM(384 * W, 512, 256, torch.bfloat16, mode="fused", engine=eng)
+        e = rel_err(op(a_all[rt.rank], b), ref)
+        assert e < 1e-2, f"AllGatherGEMM engine={eng}: rel err {e} ({op!r})"
+        flux_shmem.barrier()
+
+
+def soak(rt, op, make_inputs, reference, calls: int, every: int, what: str):
+    """`calls` back-to-back calls over changing inputs (4 rotating sets), no host sync between them; every
+    `every` calls one output is kept and compared with its reference afterwards (outputs are fresh tensors, so a
+    call that wrote nothing would show as garbage)."""
+    sets = [make_inputs(s) for s in range(4)]
+    refs = [reference(*x) for x in sets]
+    kept = []
+    for i in range(calls):
+        out = op(*sets[i % 4][0])
+        if i % every == every - 1:
+            kept.append((i, out))
+    torch.cuda.synchronize()
+    flux_shmem.check_errors()
+    for i, out in kept:
+        e = rel_err(out, refs[i % 4])
+        assert e < 2e-2, f"soak {what}: call {i}: rel err {e}"
+
+
+@check("soak")
+def soak_fused_ops(rt):
+    """2,000 back-to-back fused calls per op (and per all-gather engine), inputs changing every call, checked
+    every 100 calls: with PEs running at once (MPS), races between a call and the next one's writes show here."""
+    W = rt.world_size
+    calls = int(os.environ.get("FLUX_SHMEM_SOAK_CALLS", "2000"))
+    ms, n, k = 256, 512, 512
+
+    def ag_inputs(seed):
+        a_all = gathered_inputs(rt, (ms, k), torch.bfloat16, 300 + seed)
+        return (a_all[rt.rank], weight(k, n, "nk", torch.bfloat16, 400 + seed)), torch.cat(a_all)
+
+    engines = ["sm"] + (["ce"] if rt.node_size == W and flux_shmem.runtime.pacing.emulation() is None else [])
+    for eng in engines:
+        op = flux_shmem.AllGatherGEMM(ms * W, n, k, torch.bfloat16, mode="fused", engine=eng)
+        soak(rt, lambda a, b: op(a, b), ag_inputs, lambda x, a_full: a_full.double() @ x[1].double(), calls, 100,
+             f"AllGatherGEMM engine={eng}")
+        flux_shmem.barrier()
+
+    def rs_inputs(seed):
+        a_all = gathered_inputs(rt, (ms * W, k), torch.bfloat16, 500 + seed)
+        bs = [weight(k, n, "kn", torch.bfloat16, 600 + 10 * seed + pe) for pe in range(W)]
+        return (a_all[rt.rank], bs[rt.rank]), (a_all, bs)
+
+    def rs_ref(x, full):
+        a_all, bs = full
+        tot = sum(a.double() @ b.double() for a, b in zip(a_all, bs))
+        return tot[rt.rank * ms:(rt.rank + 1) * ms]
+
+    op = flux_shmem.GEMMReduceScatter(ms * W, n, k, torch.bfloat16, mode="fused")
+    soak(rt, lambda a, b: op(a, b), rs_inputs, rs_ref, calls, 100, "GEMMReduceScatter")
+    flux_shmem.barrier()
+    rs = flux_shmem.ReduceScatter(ms * W, n, torch.bfloat16)
+    soak(rt, lambda x: rs(x), lambda s: ((gathered_inputs(rt, (ms * W, n), torch.bfloat16, 700 + s)[rt.rank],),
+                                         gathered_inputs(rt, (ms * W, n), torch.bfloat16, 700 + s)),
+         lambda x, xs: torch.stack([v.double() for v in xs]).sum(0)[rt.rank * ms:(rt.rank + 1) * ms], calls, 100,
+         "ReduceScatter")
+
+
+@check("hazards")
+def input_buffer_waits_for_slow_peers(rt):
+    """Hazard: overwriting the symmetric input while a peer still sums the previous call's. PE 1 reads slowly (its
+    link paced to 2 GB/s); PE 0 writes its next input right after each call. Through input_buffer() (which waits
+    for every node peer's 'done reading' signal) every result is right; writing the buffer directly, without that
+    wait, PE 1's results go wrong (shown when the PEs really run at once)."""
+    W = rt.world_size
+    if W == 1:
+        return
+    rows, cols = 64 * W, 2048
+    slow = rt.rank == 1
+    if slow:
+        os.environ["FLUX_SHMEM_LINK_GBPS"] = "2"
+    rs = flux_shmem.ReduceScatter(rows, cols, torch.bfloat16, unit_rows=8, comm_blocks=2)
+    os.environ.pop("FLUX_SHMEM_LINK_GBPS", None)
+    seeds = range(900, 906)
+    inputs = {s: gathered_inputs(rt, (rows, cols), torch.bfloat16, s) for s in seeds}
+
+    def run(safe: bool) -> list[float]:
+        outs = []
+        for s in seeds:
+            buf = rs.input_buffer(rows) if safe else rs.engine.partial[:rows]
+            buf.copy_(inputs[s][rt.rank])
+            outs.append((s, rs(buf)))
+        torch.cuda.synchronize()
+        errs = [rel_err(o, torch.stack([v.double() for v in inputs[s]]).sum(0)[rt.rank * 64:(rt.rank + 1) * 64])
+                for s, o in outs]
+        flux_shmem.barrier()
+        torch.cuda.synchronize()
+        return errs
+    unsafe = run(False)
+    safe = run(True)
+    assert max(safe) < 1e-2, f"PE {rt.rank}: input_buffer results wrong: {safe}"
+    worst = rt.comm.allgather(max(unsafe))
+    if rt.rank == 0:
+        print(f"CHECK note: without the wait, the worst result error over PEs was {max(worst):.3g} "
+              f"({'the race showed' if max(worst) > 1e-2 else 'the race did not show this time'})", flush=True)
+
+
+@check("hazards")
+def large_node_reduce(rt):
+    """Hazard: fixed-size source arrays (8 node peers, 64 nodes) in the reduce kernel. The kernel now keeps the
+    node peers' pointers in shared memory sized at launch: a node of any size (run with 12 or 16 PEs)."""
+    W = rt.world_size
+    rows, cols = 16 * W, 256
+    rs = flux_shmem.ReduceScatter(rows, cols, torch.bfloat16)
+    xs = gathered_inputs(rt, (rows, cols), torch.bfloat16, 1234)
+    out = rs(xs[rt.rank])
+    ref = torch.stack([x.double() for x in xs]).sum(0)[rt.rank * 16:(rt.rank + 1) * 16]
+    assert rel_err(out, ref) < 1e-2, f"reduce-scatter over a node of {rt.node_size}: rel err {rel_err(out, ref)}"
+    op = flux_shmem.GEMMReduceScatter(128 * W, 256, 128, torch.bfloat16, mode="fused")
+    a_all = gathered_inputs(rt, (128 * W, 128), torch.bfloat16, 55)
+    bs = [weight(128, 256, "kn", torch.bfloat16, 56 + pe) for pe in range(W)]
+    out = op(a_all[rt.rank], bs[rt.rank])
+    full = sum(a.double() @ b.double() for a, b in zip(a_all, bs))
+    e = rel_err(out, full[rt.rank * 128:(rt.rank + 1) * 128])
+    assert e < 2e-2, f"GEMMReduceScatter over a node of {rt.node_size}: rel err {e}"
+
+
+@check("hazards")
+def sm_budget_and_occupancy(rt):
+    """The persistent grids fit this context's SM budget (MPS share): say what the runtime and the driver see."""
+    from flux_shmem.runtime.sm_budget import _affinity_sms
+    op = flux_shmem.AllGatherGEMM(1024 * rt.world_size, 1024, 1024, torch.bfloat16, mode="fused")
+    plan = op.call_plan(1024 * rt.world_size)
+    g = op._gemms["kn"]
+    a = torch.randn((1024 * rt.world_size, 1024), device="cuda").to(torch.bfloat16)
+    op.gemm_only(a, weight(1024, 1024, "kn", torch.bfloat16, 1))
+    torch.cuda.synchronize()
+    cap = g._max_ctas
+    info = (f"PE {rt.rank}: budget {op.budget} affinity={_affinity_sms()} MPS%="
+            f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')} max resident GEMM CTAs={cap} "
+            f"plan={plan.describe()}")
+    print("CHECK info: " + info, flush=True)
+    assert plan.gemm_sms + plan.comm_blocks <= op.budget.sms, info
+    assert op.sms <= op.budget.sms
+
+
+@check("emulation")
+def link_emulation_paces(rt):
+    """FLUX_SHMEM_LINK_GBPS paces the all-gather: moving B bytes to my peers takes at least B / rate."""
+    W = rt.world_size
+    if W == 1:
+        return
+    os.environ["FLUX_SHMEM_LINK_GBPS"] = "20"
+    try:
+        ag = flux_shmem.AllGather(2048, 4096, torch.bfloat16, comm_blocks=4)
+    finally:
+        os.environ.pop("FLUX_SHMEM_LINK_GBPS", None)
+    xs = gathered_inputs(rt, (2048, 4096), torch.bfloat16, 31)
+    ag(xs[rt.rank])
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flux_shmem.barrier()
+    start.record()
+    out = ag(xs[rt.rank])
+    end.record()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.cat(xs)), "paced all-gather wrong"
+    sent = (W - 1) * 2048 * 4096 * 2
+    ms = start.elapsed_time(end)
+    floor = sent / 20e9 * 1e3
+    if rt.rank == 0:
+        print(f"CHECK info: paced all-gather of {sent / 1e6:.0f} MB to peers in {ms:.2f} ms (floor {floor:.2f} ms "
+              "at 20 GB/s)", flush=True)
+    assert ms >= 0.95 * floor, f"pacing too fast: {ms:.3f} ms < {floor:.3f} ms"
+
+
 # ------------------------------------------------------------------------------------------------------------
 @check("timeout_raise")
 def timeout_raise(rt):
@@ -438,7 +620,7 @@ def timeout_trap(rt):
 def main(argv: list[str]) -> int:
     groups = argv or ["all"]
     if groups == ["all"]:
-        groups = ["runtime", "collectives", "gemm"]
+        groups = ["runtime", "collectives", "gemm", "hazards"]
     by_name = {fn.__name__: (g, fn) for g, fns in CHECKS.items() for fn in fns}
     plan = [(g, fn) for name in groups for g, fn in ([(name, f) for f in CHECKS[name]] if name in CHECKS
                                                      else [by_name[name]])]

@@ -83,12 +83,15 @@ __device__ __forceinline__ uint64_t ld_volatile_u64(const uint64_t* p) {
 // Scheduler tag: pass as the 4th template argument of cutlass::gemm::kernel::GemmUniversal.
 struct OrderedPersistentScheduler {};
 
-// PersistentTileSchedulerSm90 with raster along N (all N-tiles of an M-tile before the next M-tile; with swizzle s,
-// of a group of s clusters of M-tiles before the next group), and the M index of every work tile mapped through
-// m_tile_order (a permutation of [0, tiles_m); null = identity).
-// With a cluster of C CTAs along M, the CTAs of one cluster take order[C*i .. C*i+C-1] at the same N-tile; when
-// tiles_m is not a multiple of C the padding M-tiles (index >= tiles_m) are not mapped and fall outside the problem
-// (CUTLASS predicates them away, the epilogue raises no counter for them).
+// A static persistent scheduler (the kernel sees PersistentTileSchedulerSm90's interface) that walks the work
+// tiles in its own order, with no padding: cluster c of C takes work items c, c + C, c + 2C, ... of
+// pairs * tiles_n items, pairs = ceil(tiles_m / cluster_m). Item w belongs to swizzle group g = w / (S * tiles_n)
+// (S cluster rows of M-tiles, fewer in the last group), walked along N: n = (w - g*S*tiles_n) / S_g, row = g*S +
+// (w - g*S*tiles_n) % S_g. CTA i of a cluster takes M-tile order entry row * cluster_m + i (m_tile_order: a
+// permutation of [0, tiles_m); null = identity); an entry past tiles_m (odd tiles_m) is padding inside a real
+// cluster tile and CUTLASS predicates it away. CUTLASS's own scheduler rounds both tile counts up to multiples of
+// the swizzle and runs the padding tiles in full (zeros through the whole mainloop): up to 3/8 of a wave for
+// N = 1280 at swizzle 8. flux_shmem/ops/simulate.py gemm_work mirrors this mapping.
 class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
 
@@ -104,6 +107,10 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   struct Params : Base::Params {
     const int32_t* m_tile_order = nullptr;
     int32_t tiles_m = 0;
+    int32_t tiles_n = 0;
+    int32_t pairs = 0;        // cluster rows of M-tiles
+    int32_t swizzle = 1;      // cluster rows per group
+    int32_t cluster_m = 1;
     int32_t pad_ = 0;
   };
 
@@ -114,7 +121,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
                                         const uint32_t epilogue_subtile = 1,
                                         uint32_t ktile_start_alignment_count = 1u) {
     typename Base::Arguments base_args;
-    base_args.max_swizzle_size = args.max_swizzle_size;  // 1: strict M-tile order; s: groups of s clusters
+    base_args.max_swizzle_size = 1;
     base_args.raster_order = RasterOrderOptions::AlongN;
     Params p;
     static_cast<typename Base::Params&>(p) =
@@ -123,38 +130,46 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     p.m_tile_order = args.m_tile_order;
     p.tiles_m = fs::tiles_along(static_cast<long long>(cute::get<0>(problem_shape_mnkl)),
                                 static_cast<int>(cute::size<0>(tile_shape)));
+    p.tiles_n = fs::tiles_along(static_cast<long long>(cute::get<1>(problem_shape_mnkl)),
+                                static_cast<int>(cute::size<1>(tile_shape)));
+    p.cluster_m = static_cast<int32_t>(cute::size<0>(cluster_shape));
+    p.pairs = (p.tiles_m + p.cluster_m - 1) / p.cluster_m;
+    p.swizzle = args.max_swizzle_size < 1 ? 1 : (args.max_swizzle_size > p.pairs ? p.pairs : args.max_swizzle_size);
+    if (p.swizzle < 1) p.swizzle = 1;
     return p;
   }
 
-  // The kernel asks for the grid with arguments rebuilt from Params (raster AlongN, the swizzle it was made with).
+  // Launch grid (cluster_m, clusters, 1): one cluster per cluster_m of the sm_count SMs given, at most one per item.
   template <class ProblemShapeMNKL, class BlockShape, class ClusterShape>
-  CUTLASS_HOST_DEVICE static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL problem_shape_mnk,
-                                                 BlockShape cta_shape, ClusterShape cluster_shape,
+  CUTLASS_HOST_DEVICE static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL, BlockShape, ClusterShape,
                                                  cutlass::KernelHardwareInfo hw_info,
-                                                 typename Base::Arguments arguments = typename Base::Arguments{},
-                                                 bool truncate_by_problem_size = true) {
-    arguments.max_swizzle_size = 1 << params.log_swizzle_size_;
-    arguments.raster_order = RasterOrderOptions::AlongN;
-    return Base::get_grid_shape(params, problem_shape_mnk, cta_shape, cluster_shape, hw_info, arguments,
-                                truncate_by_problem_size);
+                                                 typename Base::Arguments = typename Base::Arguments{},
+                                                 bool = true) {
+    const long long items = static_cast<long long>(params.pairs) * params.tiles_n;
+    long long clusters = hw_info.sm_count / params.cluster_m;
+    if (clusters > items) clusters = items;
+    if (clusters < 1) clusters = 1;
+    return dim3(static_cast<uint32_t>(params.cluster_m), static_cast<uint32_t>(clusters), 1);
   }
 
   CUTLASS_HOST_DEVICE OrderedTileScheduler() {}
 
-  CUTLASS_DEVICE explicit OrderedTileScheduler(Params const& params)
-      : Base(params), m_tile_order_(params.m_tile_order), tiles_m_(params.tiles_m) {}
-
-  template <class ClusterShape>
-  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape cluster_shape) {
-    return remap(Base::initial_work_tile_info(cluster_shape));
+  CUTLASS_DEVICE explicit OrderedTileScheduler(Params const& params) : Base(params), p_(&params) {
+#if defined(__CUDA_ARCH__)
+    work_ = blockIdx.y;
+    stride_ = gridDim.y;
+    cta_m_ = static_cast<int32_t>(blockIdx.x);
+#endif
   }
 
-  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return remap(Base::get_current_work()); }
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) { return current(); }
 
-  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work_tile_info) {
-    (void)work_tile_info;  // whole tiles only: never continue the current one
-    Base::advance_to_next_work();
-    return cute::make_tuple(remap(Base::get_current_work()), true);
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return current(); }
+
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {  // whole tiles only: never continue the current one
+    work_ += stride_;
+    return cute::make_tuple(current(), true);
   }
 
   template <class TileSchedulerPipeline, class TileSchedulerPipelineState>
@@ -164,15 +179,29 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   }
 
  private:
-  CUTLASS_DEVICE WorkTileInfo remap(WorkTileInfo w) const {
-    if (w.is_valid_tile && m_tile_order_ != nullptr && w.M_idx >= 0 && w.M_idx < tiles_m_) {
-      w.M_idx = __ldg(m_tile_order_ + w.M_idx);
-    }
-    return w;
+  CUTLASS_DEVICE WorkTileInfo current() const {
+    const Params& p = *p_;
+    const long long items = static_cast<long long>(p.pairs) * p.tiles_n;
+    if (work_ >= static_cast<unsigned long long>(items)) return WorkTileInfo::invalid_work_tile();
+    const long long w = static_cast<long long>(work_);
+    const long long group_items = static_cast<long long>(p.swizzle) * p.tiles_n;
+    const int g = static_cast<int>(w / group_items);
+    const int first = g * p.swizzle;
+    const int rows = p.pairs - first < p.swizzle ? p.pairs - first : p.swizzle;
+    const int idx = static_cast<int>(w - g * group_items);
+    WorkTileInfo t;
+    t.N_idx = idx / rows;
+    t.M_idx = (first + idx % rows) * p.cluster_m + cta_m_;
+    t.L_idx = 0;
+    t.is_valid_tile = true;
+    if (p.m_tile_order != nullptr && t.M_idx < p.tiles_m) t.M_idx = __ldg(p.m_tile_order + t.M_idx);
+    return t;
   }
 
-  const int32_t* m_tile_order_ = nullptr;
-  int32_t tiles_m_ = 0;
+  Params const* p_ = nullptr;
+  unsigned long long work_ = 0;
+  unsigned long long stride_ = 1;
+  int32_t cta_m_ = 0;
 };
 
 }  // namespace gemm
