@@ -36,7 +36,7 @@ __device__ __forceinline__ void pace_transfer(const Pace& p, int cls, uint64_t b
 
 // Whole block: thread 0 paces, the block follows.
 __device__ __forceinline__ void block_pace(const Pace& p, int cls, uint64_t bytes) {
-  if (p.clock == nullptr || p.fs_per_byte[cls] == 0) return;
+  if (p.clock == nullptr || p.fs_per_byte[cls] == 0 || bytes == 0) return;
   __syncthreads();
   if (threadIdx.x == 0) pace_transfer(p, cls, bytes);
   __syncthreads();
