@@ -16,8 +16,10 @@ OUT=${OUT:-$PWD/.device_out}; mkdir -p "$OUT"
 if [ "$what" = mps ]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
   mkdir -p /tmp/mps /tmp/mpslog
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 && sleep 1  # a daemon left by an interrupted step
   nvidia-cuda-mps-control -d || exit 1
-  trap 'echo quit | nvidia-cuda-mps-control; cp /tmp/mpslog/*.log "$OUT/" 2>/dev/null' EXIT
+  trap 'echo quit | nvidia-cuda-mps-control; cat /tmp/mpslog/*.log >> "$OUT/mps.log" 2>/dev/null' EXIT
+  trap 'exit 143' TERM INT
   export FLUX_SHMEM_TEST_MPS=1
   what=${1:-all}; shift || true
   echo "MPS daemon started"
