@@ -12,7 +12,7 @@ from ..runtime import pacing
 from ..runtime.bootstrap import get_runtime
 from ..runtime.sm_budget import sm_budget
 from . import simulate
-from ._validate import check_dtype, check_tensor, positive
+from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 MODES = ("auto", "fused", "decomposed")
 # One Hopper SM's dense bf16/fp16 rate as our GEMM reaches it (about 690 TFLOP/s on 132 H200 SMs): only the ratio
@@ -105,6 +105,7 @@ class FusedGEMM:
         if m in self._plans:
             return self._plans[m]
         rt = self.rt
+        not_capturing(f"{type(self).__name__} with M = {m}")
         if rt.world_size == 1:
             plan = CallPlan("gemm", "sm", 0, self.sms, self.swizzle_plain(m), None, None,
                             "one PE: nothing to communicate")

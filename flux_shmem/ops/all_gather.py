@@ -12,7 +12,7 @@ from ..kernels.module import copy_async, load, write_value_async
 from ..runtime import pacing, signals, symmetric
 from ..runtime.bootstrap import get_runtime
 from ._schedule import ag_ce_copies, ag_plan, plan_table
-from ._validate import check_dtype, check_tensor, positive
+from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -68,6 +68,7 @@ class AllGather:
         blocks that have work)."""
         key = (rows, blocks)
         if key not in self._plans:
+            not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             chunks = -(-rows // self.chunk_rows)
             per_block = [b for b in ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks) if b] or [[]]

@@ -13,7 +13,7 @@ from ..kernels.module import load
 from ..runtime import pacing, signals, symmetric
 from ..runtime.bootstrap import Runtime, get_runtime
 from ._schedule import default_unit_rows, plan_table, rs_max_units, rs_plan
-from ._validate import check_dtype, check_tensor, positive
+from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -52,6 +52,7 @@ class ReduceEngine:
     def plan(self, rows: int, blocks: int, standalone: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         key = (rows, blocks, standalone)
         if key not in self._plans:
+            not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             per_block = rs_plan(rt.rank, rt.world_size, rt.node_size, rows, self.unit_rows, self.tile_m, blocks,
                                 copy_rows=rows if standalone else 0)
