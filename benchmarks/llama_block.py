@@ -168,13 +168,15 @@ def seq_shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return t[rank * s:(rank + 1) * s]
 
 
-def reference_step(cfg: BlockConfig, x: torch.Tensor, grad_y: torch.Tensor, seed: int, device=None):
-    """fp32 reference: (output, input gradient, {parameter name: gradient}, {parameter name: weight})."""
+def reference_step(cfg: BlockConfig, x: torch.Tensor, grad_y: torch.Tensor, seed: int, device=None,
+                   dtype: torch.dtype = torch.float32):
+    """The unsharded block (weights from `seed`, the same on every PE) forward and backward in fp32 (or `dtype`):
+    (output, input gradient, {parameter name: gradient}, {parameter name: weight})."""
     torch.manual_seed(seed)
-    ref = ReferenceBlock(cfg, device=device, dtype=torch.float32)
-    xr = x.detach().float().requires_grad_(True)
+    ref = ReferenceBlock(cfg, device=device, dtype=dtype)
+    xr = x.detach().to(dtype).requires_grad_(True)
     y = ref(xr)
-    y.backward(grad_y.float())
+    y.backward(grad_y.to(dtype))
     grads = {n: p.grad for n, p in ref.named_parameters()}
     weights = {n: p.detach() for n, p in ref.named_parameters()}
     return y.detach(), xr.grad, grads, weights
@@ -187,15 +189,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def compare_step(block: TPBlock, x_shard: torch.Tensor, grad_y_shard: torch.Tensor, ref) -> Dict[str, float]:
-    """Run the TP block forward and backward on this PE's shard; relative error of the output, the input
-    gradient and every parameter gradient against the reference's part."""
+def compare_step(block: TPBlock, x_shard: torch.Tensor, grad_y_shard: torch.Tensor, ref,
+                 forward=None) -> Dict[str, float]:
+    """Run the TP block (or `forward`, e.g. torch.compile(block)) forward and backward on this PE's shard;
+    relative error of the output, the input gradient and every parameter gradient against the reference's part."""
     y_ref, gx_ref, grads_ref, _ = ref
     r, W = block.rank, block.world_size
     for p in block.parameters():
         p.grad = None
     xs = x_shard.detach().clone().requires_grad_(True)
-    y = block(xs)
+    y = (block if forward is None else forward)(xs)
     y.backward(grad_y_shard)
     errs = {"output": rel_err(y, seq_shard(y_ref, r, W)), "grad input": rel_err(xs.grad, seq_shard(gx_ref, r, W))}
     want = shard_full(block.cfg, grads_ref, r, W)

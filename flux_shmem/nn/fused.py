@@ -35,16 +35,22 @@ def grown_max_m(m: int, world: int, min_m: int = 0, old: int = 0) -> int:
     return max(world * (1 << max(0, rows - 1).bit_length()), 2 * old)
 
 
-def unsupported(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
-    """Why the fused ops cannot multiply a @ b (+ bias), or None."""
-    if a.device.type != "cuda":
-        return f"tensors on {a.device.type} (the fused ops run on CUDA)"
-    if a.dtype not in FUSED_DTYPES or b.dtype != a.dtype or (bias is not None and bias.dtype != a.dtype):
-        return f"dtype {a.dtype} (the fused ops take bfloat16 or float16, the same for input, weight and bias)"
-    k, n = b.shape
+def why_unsupported(device_type: str, dtypes: tuple[torch.dtype, ...], k: int, n: int) -> str | None:
+    """Why the fused ops cannot multiply [m, k] @ [k, n] on `device_type` with operands of `dtypes`, or None."""
+    if device_type != "cuda":
+        return f"tensors on {device_type} (the fused ops run on CUDA)"
+    if dtypes[0] not in FUSED_DTYPES or any(d != dtypes[0] for d in dtypes):
+        return (f"dtypes {', '.join(str(d) for d in dtypes)} (the fused ops take bfloat16 or float16, the same for "
+                "input, weight and bias)")
     if k % 8 or n % 8:
         return f"K = {k}, N = {n} (the fused ops need multiples of 8: 16-byte rows for TMA)"
     return None
+
+
+def unsupported(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """Why the fused ops cannot compute a @ b (+ bias), or None."""
+    dtypes = (a.dtype, b.dtype) + ((bias.dtype,) if bias is not None else ())
+    return why_unsupported(a.device.type, dtypes, b.shape[0], b.shape[1])
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -95,7 +101,7 @@ class FusedBackend:
             op = self._ops.get(key)
             if op is not None and m <= op.max_m:
                 return op
-            if torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"flux_shmem.nn: {kind}(n={n}, k={k}) must be built for M = {m} while a CUDA "
                                    "graph is being captured: run one step eagerly with the largest M first, or "
                                    "pass FusedBackend(max_m=...)")

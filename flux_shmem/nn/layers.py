@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime import state
 from . import backends, custom_ops  # noqa: F401  (custom_ops registers torch.ops.flux_shmem.*)
 from .backends import Backend, TorchBackend
 
@@ -31,12 +32,11 @@ _DEFAULT_TORCH: dict[int, TorchBackend] = {}
 def default_backend(kind: str | None = None) -> Backend | None:
     """The backend layers use when given none (or given 'fused' / 'torch'): flux_shmem's fused ops when
     flux_shmem is initialised, else torch.distributed when it is, else None (a world of one: plain F.linear)."""
-    import flux_shmem
     if kind not in (None, "fused", "torch"):
         raise ValueError(f"backend must be a Backend object, 'fused', 'torch' or None, got {kind!r}")
-    if kind == "fused" or (kind is None and flux_shmem.is_initialized()):
+    if kind == "fused" or (kind is None and state.is_initialized()):
         from .fused import FusedBackend
-        rt = flux_shmem.get_runtime()  # NotInitializedError names the fix
+        rt = state.get_runtime()  # NotInitializedError names the fix
         if "nn_backend" not in rt._internal:  # one pool of ops per runtime; finalize() drops it
             rt._internal["nn_backend"] = FusedBackend()
         return rt._internal["nn_backend"]
@@ -83,10 +83,8 @@ class _ParallelLinear(nn.Module):
         self.in_local = self.in_features if shard_out else _split(self.in_features, self.world_size, "in_features", cls)
         self.out_local = _split(self.out_features, self.world_size, "out_features", cls) if shard_out \
             else self.out_features
-        if device is None:
-            import flux_shmem
-            if flux_shmem.is_initialized():
-                device = torch.device("cuda", flux_shmem.get_runtime().device)
+        if device is None and state.is_initialized():
+            device = torch.device("cuda", state.get_runtime().device)
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty((self.out_local, self.in_local), **kw))
         bias_len = self.out_local if shard_out else self.out_features
