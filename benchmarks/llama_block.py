@@ -169,11 +169,16 @@ def seq_shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def reference_step(cfg: BlockConfig, x: torch.Tensor, grad_y: torch.Tensor, seed: int, device=None,
-                   dtype: torch.dtype = torch.float32):
+                   dtype: torch.dtype = torch.float32, round_to: torch.dtype | None = None):
     """The unsharded block (weights from `seed`, the same on every PE) forward and backward in fp32 (or `dtype`):
-    (output, input gradient, {parameter name: gradient}, {parameter name: weight})."""
+    (output, input gradient, {parameter name: gradient}, {parameter name: weight}). `round_to` rounds the weights
+    to the dtype the sharded block will hold first, so only the computation differs."""
     torch.manual_seed(seed)
     ref = ReferenceBlock(cfg, device=device, dtype=dtype)
+    if round_to is not None:
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.copy_(p.to(round_to))
     xr = x.detach().to(dtype).requires_grad_(True)
     y = ref(xr)
     y.backward(grad_y.to(dtype))
@@ -358,9 +363,9 @@ def _run(args: argparse.Namespace) -> int:
     failures = 0
     for s in args.tokens:
         gen = torch.Generator(device=device).manual_seed(args.seed + s)
-        x = torch.randn((s, args.batch, cfg.hidden), generator=gen, device=device)
-        grad_y = torch.randn((s, args.batch, cfg.hidden), generator=gen, device=device)
-        ref = reference_step(cfg, x, grad_y, args.seed, device=device)
+        x = torch.randn((s, args.batch, cfg.hidden), generator=gen, device=device).to(dtype)
+        grad_y = torch.randn((s, args.batch, cfg.hidden), generator=gen, device=device).to(dtype)
+        ref = reference_step(cfg, x, grad_y, args.seed, device=device, round_to=dtype)
         shard = {n: t.to(dtype) for n, t in shard_full(cfg, ref[3], r, W).items()}
         x_shard, gy_shard = seq_shard(x, r, W).to(dtype).contiguous(), seq_shard(grad_y, r, W).to(dtype).contiguous()
         runs: Dict[str, dict] = {}

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from ..runtime import symmetric
+from ..runtime import state, symmetric
 from ..runtime.state import get_runtime
 from .backends import TorchBackend
 
@@ -136,6 +136,10 @@ class FusedBackend:
         import torch.distributed as dist
         if self.world_size == 1:
             return TorchBackend()
+        if state.get_runtime().shares_gpu:
+            raise RuntimeError("flux_shmem.nn: this shape needs the torch.distributed fallback, but several PEs "
+                               "share one GPU, where NCCL cannot run: use shapes the fused ops take (bf16/fp16 "
+                               "CUDA tensors, K and N multiples of 8), or one GPU per PE")
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("flux_shmem.nn: this shape needs the torch.distributed fallback, but "
                                "torch.distributed is not initialised: call torch.distributed.init_process_group() "

@@ -63,6 +63,11 @@ def _resolve(backend) -> tuple[Backend | None, int]:
     return b, backends.register(b)
 
 
+def _default_device() -> torch.device | None:
+    """This PE's GPU once flux_shmem is initialised; else torch's default (like torch.nn.Linear)."""
+    return torch.device("cuda", state.get_runtime().device) if state.is_initialized() else None
+
+
 def _split(total: int, world: int, what: str, cls: str) -> int:
     if total % world:
         raise ValueError(f"{cls}: {what} = {total} does not split over {world} PEs: use a multiple of {world}")
@@ -83,8 +88,8 @@ class _ParallelLinear(nn.Module):
         self.in_local = self.in_features if shard_out else _split(self.in_features, self.world_size, "in_features", cls)
         self.out_local = _split(self.out_features, self.world_size, "out_features", cls) if shard_out \
             else self.out_features
-        if device is None and state.is_initialized():
-            device = torch.device("cuda", state.get_runtime().device)
+        if device is None:
+            device = _default_device()
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty((self.out_local, self.in_local), **kw))
         bias_len = self.out_local if shard_out else self.out_features
