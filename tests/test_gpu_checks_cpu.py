@@ -95,3 +95,15 @@ def test_every_nn_check_is_covered(checks):
     names = {f.__name__ for f in mod.CHECKS["nn"]}
     assert names == {"nn_layers", "nn_ops_grow_with_m", "nn_fallback", "nn_block", "nn_block_compiled",
                      "nn_graph_train_step"}
+
+
+def test_torchrun_check_fixed_step_on_cpu(checks, monkeypatch, tmp_path):
+    mod, rt = checks
+    monkeypatch.setitem(__import__("sys").modules, "checks", mod)  # torchrun_check imports the checks module
+    spec = importlib.util.spec_from_file_location("torchrun_check", ROOT / "tests/gpu/torchrun_check.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    a, b = tc.fixed_step(rt), tc.fixed_step(rt)
+    assert len(a) == 2 + 8 and set(tc.compare(a, b).values()) == {0.0}  # deterministic
+    b["output"] = b["output"] * 1.01
+    assert tc.compare(a, b)["output"] == pytest.approx(0.01 / 1.01, rel=1e-2)

@@ -694,14 +694,17 @@ def timeout_trap(rt):
     raise AssertionError("unreachable: the wait should have trapped")
 
 
-def main(argv: list[str]) -> int:
-    groups = argv or ["all"]
+def plan_for(groups: list[str]) -> list:
+    """(group, check) pairs for group names or check names ("all": every group but the timeouts)."""
     if groups == ["all"]:
         groups = ["runtime", "collectives", "gemm", "nn"]
     by_name = {fn.__name__: (g, fn) for g, fns in CHECKS.items() for fn in fns}
-    plan = [(g, fn) for name in groups for g, fn in ([(name, f) for f in CHECKS[name]] if name in CHECKS
+    return [(g, fn) for name in groups for g, fn in ([(name, f) for f in CHECKS[name]] if name in CHECKS
                                                      else [by_name[name]])]
-    rt = flux_shmem.init()
+
+
+def run_checks(rt, plan) -> int:
+    """Run the checks; prints "CHECK <name> ok" (rank 0) or the failure (every failing PE). Returns failures."""
     failures = 0
     for g, fn in plan:
         t0 = time.time()
@@ -712,12 +715,19 @@ def main(argv: list[str]) -> int:
                 flux_shmem.check_errors()
             if rt.rank == 0:
                 print(f"CHECK {fn.__name__} ok ({time.time() - t0:.1f} s, world {rt.world_size}, "
-                      f"node_size {rt.node_size})", flush=True)
+                      f"node_size {rt.node_size}, launcher {rt.launcher})", flush=True)
         except Exception:
             failures += 1
             print(f"CHECK {fn.__name__} FAILED on PE {rt.rank}:\n{traceback.format_exc()}", flush=True)
             if "timeout" in g:
                 raise
+    return failures
+
+
+def main(argv: list[str]) -> int:
+    plan = plan_for(argv or ["all"])
+    rt = flux_shmem.init()  # mpirun / flux-launch or torchrun, detected
+    failures = run_checks(rt, plan)
     flux_shmem.finalize()
     return 1 if failures else 0
 
