@@ -18,7 +18,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_bootstrap_and_layers():
+def test_torchrun_bootstrap_and_layers(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this test checks the no-GPU path; tests/test_gpu.py covers GPU machines")
@@ -26,13 +26,11 @@ def test_torchrun_bootstrap_and_layers():
     env.update(PYTHONPATH=str(ROOT), NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", GLOO_SOCKET_IFNAME="lo",
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(ROOT / "tests/dist/torchrun_probe.py")]
+           "--master-port", str(free_port()), str(ROOT / "tests/dist/torchrun_probe.py"), str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in proc.stdout.splitlines() if "REPORT " in line]
-    assert len(reports) == 2, out[-6000:]
-    reports.sort(key=lambda r: r["layout"][0])
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, r in enumerate(reports):
         assert r["launcher"] == "torch" and "gloo" in r["backend"]
         assert r["layout"] == [rank, 2, rank, 2, 0, 1]

@@ -149,16 +149,13 @@ def mpi_host(comm=None) -> MpiHost:
     return MpiHost(_import_mpi().COMM_WORLD if comm is None else comm)
 
 
-def _cpu_capable(dist, group) -> bool:
-    return "gloo" in str(dist.get_backend(group))
-
-
 def torch_host(group=None) -> TorchHost:
     """Host collectives over `group` (default: torch.distributed's default group, initialised here from
     torchrun's environment with backend 'cpu:gloo,cuda:nccl' when nobody has yet).
 
-    A group without a CPU backend (plain 'nccl') gets a gloo twin over the same ranks; that needs every rank of
-    the default group to call this (true for the default group itself)."""
+    The collectives run on gloo: a group whose backend is not plain gloo gets a gloo twin over the same ranks
+    when it spans the whole job (every rank calls init(), as dist.new_group needs); a subgroup must have a CPU
+    backend itself ('gloo' or 'cpu:gloo,cuda:nccl')."""
     import torch.distributed as dist
     if not dist.is_available():
         raise FluxShmemError("this torch build has no torch.distributed: launch with mpirun / flux-launch instead")
@@ -171,10 +168,12 @@ def torch_host(group=None) -> TorchHost:
                                      "or pass flux_shmem.init(group=...)")
             dist.init_process_group(backend="cpu:gloo,cuda:nccl" if dist.is_nccl_available() else "gloo")
         group = dist.group.WORLD
-    if not _cpu_capable(dist, group):
-        if dist.get_world_size(group) != dist.get_world_size():
-            raise FluxShmemError(f"flux_shmem.init(group=...): the group's backend {dist.get_backend(group)!r} "
-                                 "cannot run CPU collectives and it is a subgroup: create it with "
-                                 "backend='cpu:gloo,cuda:nccl' (or pass a gloo group)")
-        group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo")
+    backend = str(dist.get_backend(group))
+    if backend != "gloo":
+        if dist.get_world_size(group) == dist.get_world_size():
+            group = dist.new_group(ranks=dist.get_process_group_ranks(group), backend="gloo")
+        elif "gloo" not in backend:
+            raise FluxShmemError(f"flux_shmem.init(group=...): the group's backend {backend!r} cannot run CPU "
+                                 "collectives and it is a subgroup: create it with backend='cpu:gloo,cuda:nccl' "
+                                 "(or pass a gloo group)")
     return TorchHost(group)

@@ -1,4 +1,4 @@
-"""Run under `torchrun --nproc-per-node 2` on a machine without a GPU: flux_shmem's torch.distributed bootstrap
+"""Run under `torchrun --nproc-per-node 2 tests/dist/torchrun_probe.py OUT_DIR` on a machine without a GPU: flux_shmem's torch.distributed bootstrap
 (launcher detection, host collectives over gloo, unique-id broadcast, argument agreement, the NoGPUError of
 init), then flux_shmem.nn's layers on torch.distributed (gloo, CPU tensors): a small Llama block eager and
 compiled with torch.compile(fullgraph=True), every output and gradient against an unsharded reference."""
@@ -60,5 +60,5 @@ block.load_state_dict(shard_full(cfg, ref[3], rank, W))
 report["eager"] = compare_step(block, seq_shard(x, rank, W), seq_shard(gy, rank, W), ref)
 compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
 report["compiled"] = compare_step(block, seq_shard(x, rank, W), seq_shard(gy, rank, W), ref, forward=compiled)
-print("REPORT " + json.dumps(report), flush=True)
+Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(report))  # a file each: stdout lines interleave
 dist.destroy_process_group()
