@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
 #   bash benchmarks/gpu_session.sh checks NP GROUP_OR_CHECK...
 #   bash benchmarks/gpu_session.sh tune [benchmarks/gemm_tune.py args...]
+#   bash benchmarks/gpu_session.sh block NP [benchmarks/llama_block.py args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -27,6 +28,12 @@ if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of te
 fi
 if [ "$what" = tune ]; then  # tune [gemm_tune.py args]: GEMM variants (built and carried) against cuBLAS
   python3 benchmarks/gemm_tune.py --jsonl "$OUT/tune.jsonl" "$@" 2>&1 | tee "$OUT/tune.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = block ]; then  # block NP [llama_block.py args]: the Llama TP block benchmark under NP PEs
+  np_=$1; shift
+  python3 -m flux_shmem.launch -n "$np_" -- python3 benchmarks/llama_block.py --jsonl "$OUT/block_np$np_.jsonl" "$@" \
+    2>&1 | tee "$OUT/block_np$np_.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
