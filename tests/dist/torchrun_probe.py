@@ -13,7 +13,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import flux_shmem  # noqa: E402
-import flux_shmem.nn as fnn  # noqa: E402
 from benchmarks.llama_block import BlockConfig, TPBlock, compare_step, reference_step, seq_shard, shard_full  # noqa
 from flux_shmem.runtime import bootstrap, symmetric  # noqa: E402
 
