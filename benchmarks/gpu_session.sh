@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
 #   bash benchmarks/gpu_session.sh checks NP GROUP_OR_CHECK...
 #   bash benchmarks/gpu_session.sh tune [benchmarks/gemm_tune.py args...]
+#   bash benchmarks/gpu_session.sh block NP [benchmarks/llama_block.py args...]
 #   bash benchmarks/gpu_session.sh run NP [benchmarks/run.py args...]     (NP PEs; 1: no launcher)
 #   bash benchmarks/gpu_session.sh mps <any of the above>
 # `mps` first starts a CUDA MPS daemon (the GPU's compute mode and settings stay untouched) so that several PEs on
@@ -53,6 +54,12 @@ if [ "$what" = run ]; then  # run NP [run.py args]
 fi
 if [ "$what" = tune ]; then  # tune [gemm_tune.py args]: GEMM variants (built and carried) against cuBLAS
   python3 benchmarks/gemm_tune.py --jsonl "$OUT/tune.jsonl" "$@" 2>&1 | tee "$OUT/tune.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = block ]; then  # block NP [llama_block.py args]: the Llama TP block benchmark under NP PEs
+  np_=$1; shift
+  python3 -m flux_shmem.launch -n "$np_" -- python3 benchmarks/llama_block.py --jsonl "$OUT/block_np$np_.jsonl" "$@" \
+    2>&1 | tee "$OUT/block_np$np_.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then

@@ -9,7 +9,7 @@ import torch
 
 from ..kernels import gemm as kgemm
 from ..runtime import pacing
-from ..runtime.bootstrap import get_runtime
+from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
 from . import simulate
 from ._validate import check_dtype, check_tensor, not_capturing, positive

@@ -10,7 +10,7 @@ import torch
 from ..kernels import abi
 from ..kernels.module import copy_async, load, write_value_async
 from ..runtime import pacing, signals, symmetric
-from ..runtime.bootstrap import get_runtime
+from ..runtime.state import get_runtime
 from ._schedule import ag_ce_copies, ag_plan, plan_table
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 

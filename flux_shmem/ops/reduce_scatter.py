@@ -11,7 +11,7 @@ import torch
 from ..kernels import abi
 from ..kernels.module import load
 from ..runtime import pacing, signals, symmetric
-from ..runtime.bootstrap import Runtime, get_runtime
+from ..runtime.state import Runtime, get_runtime
 from ._schedule import default_unit_rows, plan_table, rs_max_units, rs_plan
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import SignalTimeoutError
 from ..kernels import abi
-from .bootstrap import Runtime, get_runtime
+from .state import Runtime, get_runtime
 
 
 class ErrorChannel:
