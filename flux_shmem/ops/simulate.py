@@ -408,8 +408,8 @@ def best(candidates: list, run: Callable) -> tuple:
 
 # ------------------------------------------------------------------------------------------------------------
 # The choices the fused ops make with the simulator (also what benchmarks/model.py predicts)
-AG_COMM_BLOCKS = (2, 4, 8, 16)     # SM-engine all-gather sizes tried
-RS_COMM_BLOCKS = (4, 8, 16, 24)    # reduce-scatter sizes tried
+AG_COMM_BLOCKS = (1, 2, 4, 8, 16)  # SM-engine all-gather sizes tried
+RS_COMM_BLOCKS = (2, 4, 8, 16, 24)  # reduce-scatter sizes tried
 
 
 @dataclasses.dataclass(frozen=True)
