@@ -7,5 +7,6 @@ visible): :mod:`benchmarks.timing`, :mod:`benchmarks.baselines`,
 :mod:`benchmarks.suite`.
 
 Entry points: ``benchmarks/run.py`` (all ops), ``benchmarks/ag_gemm.py`` and
-``benchmarks/gemm_rs.py`` (one fused op each).
+``benchmarks/gemm_rs.py`` (one fused op each), ``benchmarks/llama_block.py``
+(a Llama-3-70B TP block on flux_shmem.nn; ``run.py --ops block``).
 """

@@ -1,14 +1,31 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: install carried wheels, load prebuilt kernels (or build them), run the GPU tests,
-# then the benchmarks. Logs go to $OUT (the device tool's output folder) or ./.device_out.
+# One call on a GPU machine: install carried wheels, load prebuilt kernels (or build them), then run what is asked.
+# Logs go to $OUT (the device tool's output folder) or ./.device_out.
 #   bash benchmarks/gpu_session.sh [tests|bench|all] [extra pytest args...]
 #   bash benchmarks/gpu_session.sh checks NP GROUP_OR_CHECK...
 #   bash benchmarks/gpu_session.sh tune [benchmarks/gemm_tune.py args...]
 #   bash benchmarks/gpu_session.sh shapes [benchmarks/gemm_shapes.py args...]
+#   bash benchmarks/gpu_session.sh block NP [benchmarks/llama_block.py args...]
+#   bash benchmarks/gpu_session.sh run NP [benchmarks/run.py args...]     (NP PEs; 1: no launcher)
+#   bash benchmarks/gpu_session.sh mps <any of the above>
+# `mps` first starts a CUDA MPS daemon (the GPU's compute mode and settings stay untouched) so that several PEs on
+# one GPU run at once instead of time-slicing; each PE gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / NP of the SMs
+# (tests/test_gpu.py sets it per launch); the daemon is stopped at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
 OUT=${OUT:-$PWD/.device_out}; mkdir -p "$OUT"
+if [ "$what" = mps ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p /tmp/mps /tmp/mpslog
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 && sleep 1  # a daemon left by an interrupted step
+  nvidia-cuda-mps-control -d || exit 1
+  trap 'echo quit | nvidia-cuda-mps-control; cat /tmp/mpslog/*.log >> "$OUT/mps.log" 2>/dev/null' EXIT
+  trap 'exit 143' TERM INT
+  export FLUX_SHMEM_TEST_MPS=1
+  what=${1:-all}; shift || true
+  echo "MPS daemon started"
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
@@ -18,12 +35,22 @@ export FLUX_SHMEM_CACHE=${FLUX_SHMEM_CACHE:-$PWD/.cache/kernels}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4G}
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export FLUX_SHMEM_TIMEOUT_S=${FLUX_SHMEM_TIMEOUT_S:-60}
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -m flux_shmem.build --list --config all 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
+mps_share() { [ -n "${FLUX_SHMEM_TEST_MPS:-}" ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / $1)); true; }
 rc=0
 if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of tests/gpu/checks.py under NP PEs
   np_=$1; shift
-  python3 -m flux_shmem.launch -n "$np_" -- python3 tests/gpu/checks.py "$@" 2>&1 | tee "$OUT/checks_np$np_.log"
+  ( mps_share "$np_"; python3 -m flux_shmem.launch -n "$np_" -- python3 tests/gpu/checks.py "$@" ) 2>&1 \
+    | tee -a "$OUT/checks_np$np_.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = run ]; then  # run NP [run.py args]
+  np_=$1; shift
+  if [ "$np_" = 1 ]; then python3 benchmarks/run.py "$@"
+  else ( mps_share "$np_"; python3 -m flux_shmem.launch -n "$np_" -- python3 benchmarks/run.py "$@" ); fi 2>&1 \
+    | tee -a "$OUT/run_np$np_.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = tune ]; then  # tune [gemm_tune.py args]: GEMM configurations (built and carried) against cuBLAS
@@ -33,6 +60,12 @@ fi
 if [ "$what" = shapes ]; then  # shapes [gemm_shapes.py args]: tp-shard suite, heuristic and tuned, vs cuBLAS
   python3 benchmarks/gemm_shapes.py --cache "$OUT/gemm_tune.json" --jsonl "$OUT/gemm_shapes.jsonl" "$@" 2>&1 \
     | tee "$OUT/gemm_shapes.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = block ]; then  # block NP [llama_block.py args]: the Llama TP block benchmark under NP PEs
+  np_=$1; shift
+  python3 -m flux_shmem.launch -n "$np_" -- python3 benchmarks/llama_block.py --jsonl "$OUT/block_np$np_.jsonl" "$@" \
+    2>&1 | tee "$OUT/block_np$np_.log"
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then

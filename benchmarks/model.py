@@ -1,42 +1,20 @@
-"""A small analytical model of the fused ops' run time.
+"""What the benchmarks predict: the fused ops through the tile-level simulator (flux_shmem.ops.simulate, which runs
+the ops' own schedules and makes the same engine / SM-split choices they do), the standalone collectives by bytes
+over bandwidth.
 
-Inputs: the measured GEMM speed (TFLOP/s, from ``gemm_only``), link bandwidths
-(NVLink and InfiniBand, GB/s per direction per GPU / per NIC), the world size,
-GPUs per node, and a fixed per-op latency.
+Inputs: the measured GEMM speed (TFLOP/s of ``gemm_only`` on the whole SM budget), link bandwidths (NVLink and
+InfiniBand, GB/s per direction per GPU / per NIC; or the emulated link of ``FLUX_SHMEM_LINK_GBPS``), the world
+size, GPUs per node, the SMs the process may use and a fixed per-op latency.
 
-Communication (AllGather+GEMM; GEMM+ReduceScatter is its mirror image)
-----------------------------------------------------------------------
-Every rank owns one *shard* (AG: its ``[m/world, k]`` rows of A; RS: the
-``[m/world, n]`` output rows it ends up with).  With ``L`` GPUs per node and
-``nodes = world / L``, the two-level scheme is: each GPU receives the
-``nodes-1`` shards of its counterparts (same local rank) on the other nodes
-over IB, then the GPUs of a node exchange their own and their IB-received
-shards over NVLink.  Bytes per GPU::
+Communication bytes (two-level: every GPU receives the ``nodes-1`` shards of its counterparts on the other nodes
+over IB, then the GPUs of a node exchange their own and those over NVLink)::
 
     ib_bytes     = (nodes - 1) * shard
     nvlink_bytes = (L - 1) * nodes * shard
     t_comm       = nvlink_bytes / nvlink_bw + ib_bytes / ib_bw
 
-(on one node: ``ib_bytes == 0`` and ``nvlink_bytes == (world-1) * shard``).
-For RS the same amounts are sent instead of received (partial sums).
-
-Overlap
--------
-The GEMM is split into ``world`` equal chunks of ``c = t_gemm / world`` (one
-per shard).  AG+GEMM computes the local shard first, then chunk ``j`` as soon
-as it has arrived; arrivals are at or before a uniform schedule ``j * t_comm /
-(world-1)``.  The finish time of that pipeline is ``max_j(arrival_j + (world -
-j) * c)``, which is linear in ``j`` and so is reached at an end point::
-
-    t_fused = max(t_gemm, t_comm + t_gemm / world) + latency
-
-i.e. ``max(t_gemm, t_comm)`` plus an exposed part: zero when the local shard's
-GEMM covers the first chunk's transfer and the GEMM stays ahead (compute
-bound); at most one chunk's GEMM (``t_gemm/world``) when communication bound,
-because the last chunk to arrive still has to be multiplied.  GEMM+RS is the
-same pipeline reversed in time (the last tile's transfer/reduce is exposed),
-so it has the same formula.  The standalone collectives are ``t_comm +
-latency``.
+The fused time is the simulator's: chunk arrivals, the persistent GEMM's tile waves on the SMs the split leaves
+it, and what is left exposed at the start and end of the pipeline.
 """
 from __future__ import annotations
 
@@ -51,7 +29,6 @@ __all__ = [
     "topology",
     "comm_bytes_per_gpu",
     "comm_time_ms",
-    "fused_time_ms",
     "shard_bytes",
     "predict",
 ]
@@ -71,6 +48,9 @@ class Hardware:
     ib_gbps: float = 40.0  # achievable, ~80% of the 50 nominal
     gpus_per_node: int = 8
     latency_us: float = 10.0
+    sms: int = 132  # SMs the process may use (the MPS share on a shared GPU)
+    emulated: bool = False  # links paced by FLUX_SHMEM_LINK_GBPS on one GPU (copies otherwise at memory speed)
+    link_latency_us: float = 1.5  # per transfer (FLUX_SHMEM_LINK_LATENCY_US when emulated)
 
     def __post_init__(self) -> None:
         for name in ("nvlink_gbps", "ib_gbps"):
@@ -81,6 +61,16 @@ class Hardware:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.latency_us < 0:
             raise ValueError(f"latency_us must be >= 0, got {self.latency_us}")
+        if self.sms < 2:
+            raise ValueError(f"sms must be >= 2, got {self.sms}")
+
+    def links(self):
+        """The simulator's link model for this hardware."""
+        from flux_shmem.ops import simulate
+        if self.emulated:
+            return simulate.emulated_links(self.nvlink_gbps, self.link_latency_us, self.ib_gbps)
+        return simulate.Links(nvlink_gbps=self.nvlink_gbps, ib_gbps=self.ib_gbps,
+                              nvlink_latency_us=self.link_latency_us)
 
 
 @dataclass(frozen=True)
@@ -132,20 +122,6 @@ def comm_time_ms(shard: int, world: int, hw: Hardware) -> float:
     return t * 1e3
 
 
-def fused_time_ms(t_gemm_ms: float, t_comm_ms: float, world: int, latency_ms: float = 0.0) -> Tuple[float, float]:
-    """(total, exposed) for the chunk pipeline described in the module docstring."""
-    if t_gemm_ms < 0 or t_comm_ms < 0 or latency_ms < 0:
-        raise ValueError("times must be >= 0")
-    if world < 1:
-        raise ValueError(f"world must be >= 1, got {world}")
-    if world == 1 or t_comm_ms == 0.0:
-        body = t_gemm_ms
-    else:
-        body = max(t_gemm_ms, t_comm_ms + t_gemm_ms / world)
-    exposed = body - max(t_gemm_ms, t_comm_ms)
-    return body + latency_ms, exposed
-
-
 def shard_bytes(op: str, m: int, n: int, k: int, world: int, elem_bytes: int) -> int:
     """Bytes of one rank's shard: AG rows of A ``[m/world, k]``, RS output rows ``[m/world, n]``.
 
@@ -157,6 +133,27 @@ def shard_bytes(op: str, m: int, n: int, k: int, world: int, elem_bytes: int) ->
     if op in ("gemm_rs", "reduce_scatter"):
         return (m // world) * n * elem_bytes
     raise ValueError(f"unknown op {op!r}")
+
+
+def simulate_fused(op: str, m: int, n_loc: int, k_loc: int, world: int, gpus_per_node: int, elem_bytes: int,
+                   hw: Hardware, gemm_tflops: float):
+    """The simulator's result for one fused op on per-GPU sizes, with the op's own choices (engine, SM split)."""
+    from flux_shmem.ops import _schedule as sch
+    from flux_shmem.ops import simulate
+    gemm = simulate.Gemm.from_rate(k_loc, gemm_tflops / hw.sms)
+    links = hw.links()
+    if op == "ag_gemm":
+        one_domain = gpus_per_node == world
+        engines = ("ce", "sm") if one_domain and not hw.emulated else ("sm",)
+        _, r = simulate.plan_ag_gemm(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
+                                     elem_bytes=elem_bytes, gemm=gemm, budget_sms=hw.sms,
+                                     chunk_rows=sch.fused_chunk_rows(m // world, k_loc * elem_bytes, gemm.tile_m),
+                                     links=links, engines=engines, pes=[0])
+    else:
+        _, r = simulate.plan_gemm_rs(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
+                                     elem_bytes=elem_bytes, gemm=gemm, budget_sms=hw.sms,
+                                     unit_rows=sch.default_unit_rows(n_loc, elem_bytes, gemm.tile_m), links=links)
+    return r
 
 
 def predict(
@@ -186,7 +183,12 @@ def predict(
         n_loc = n // world if op == "ag_gemm" else n
         k_loc = k // world if op == "gemm_rs" else k
         t_gemm = 2.0 * m * n_loc * k_loc / (gemm_tflops * 1e12) * 1e3
-        total, exposed = fused_time_ms(t_gemm, t_comm, world, latency)
+        if world == 1 or t_comm == 0.0:
+            total, exposed = t_gemm + latency, 0.0
+        else:
+            res = simulate_fused(op, m, n_loc, k_loc, world, local, elem_bytes, hw, gemm_tflops)
+            total = res.fused_us * 1e-3 + latency
+            exposed = total - latency - max(t_gemm, t_comm)
     elif op in COMM_OPS:
         t_gemm = 0.0
         exposed = 0.0

@@ -35,16 +35,19 @@ __all__ = [
 ]
 
 # Implementations measured per fused problem, in table order.
-FUSED_IMPLS = ("ours", "chunked", "symm_mem", "serial", "ours_gemm", "ours_comm", "cublas", "nccl")
+FUSED_IMPLS = ("ours", "decomposed", "chunked", "symm_mem", "serial", "ours_gemm", "ours_gemm_split", "ours_comm",
+               "cublas", "nccl")
 # Implementations measured per standalone collective.
 COMM_IMPLS = ("ours", "nccl")
 # Fused implementations compared against the serial baseline.
 OVERLAP_IMPLS = ("ours", "chunked", "symm_mem")
-_GEMM_KINDS = ("ours_gemm", "cublas")
+_GEMM_KINDS = ("ours_gemm", "ours_gemm_split", "cublas")
 _COMM_KINDS = ("ours_comm", "nccl")
 
 IMPL_LABELS = {
     "ours": "ours (fused)",
+    "decomposed": "ours decomposed",
+    "ours_gemm_split": "ours gemm_only, fused SMs",
     "chunked": "NCCL+cuBLAS 2-stream",
     "symm_mem": "torch symm_mem",
     "serial": "NCCL+cuBLAS serial",
@@ -95,9 +98,10 @@ def build_record(
     convention) for fused and communication rows.  Metrics (fused ops):
     ``t_gemm`` = ours gemm_only (else cuBLAS), ``t_comm`` = ours comm only
     (else NCCL; 0 at world 1, so overlap_eff is None and best is 1),
-    ``t_serial`` = NCCL+cuBLAS serial; per fused implementation
-    speedup = t_serial/t, overlap_eff = (t_serial - t)/t_comm, limit_attained
-    = max(t_gemm, t_comm)/t; best_possible_speedup = (t_gemm+t_comm)/max(..).
+    ``t_serial`` = NCCL+cuBLAS serial (else, on a shared GPU where NCCL cannot run, our decomposed path); per
+    fused implementation speedup = t_serial/t, overlap_eff = (t_serial - t)/t_comm, limit_attained
+    = max(t_gemm, t_comm)/t; best_possible_speedup = (t_gemm+t_comm)/max(..); ``fused_vs_gemm_same_sms`` = ours /
+    ours gemm_only on the fused call's GEMM SMs (1.0: the GEMM inside the fused op lost nothing to waiting).
     """
     rec: dict = {"type": "result"}
     rec.update(problem.as_dict())
@@ -113,7 +117,7 @@ def build_record(
     for name, entry in impls.items():
         e = dict(entry)
         ms = _ok_ms(impls, name)
-        fused_row = problem.is_fused and name in ("ours", "chunked", "symm_mem", "serial")
+        fused_row = problem.is_fused and name in ("ours", "decomposed", "chunked", "symm_mem", "serial")
         if ms is not None and problem.is_fused and (fused_row or name in _GEMM_KINDS):
             e["tflops"] = metrics.tflops(problem.flops, ms)
         if ms is not None and (fused_row or name in _COMM_KINDS or not problem.is_fused):
@@ -127,14 +131,17 @@ def build_record(
         t_comm, csrc = _first(impls, ("ours_comm", "nccl"))
         if problem.world == 1:  # nothing to communicate: the collectives are local copies
             t_comm, csrc = 0.0, "none (world 1)"
-        t_serial = _ok_ms(impls, "serial")
-        m.update(t_gemm_ms=t_gemm, t_gemm_source=gsrc, t_comm_ms=t_comm, t_comm_source=csrc, t_serial_ms=t_serial)
+        t_serial, ssrc = _first(impls, ("serial", "decomposed"))
+        m.update(t_gemm_ms=t_gemm, t_gemm_source=gsrc, t_comm_ms=t_comm, t_comm_source=csrc, t_serial_ms=t_serial,
+                 t_serial_source=ssrc)
+        t_ours, t_split = _ok_ms(impls, "ours"), _ok_ms(impls, "ours_gemm_split")
+        m["fused_vs_gemm_same_sms"] = t_ours / t_split if t_ours is not None and t_split is not None else None
         m["speedup"], m["overlap_eff"], m["limit_attained"] = {}, {}, {}
         best = None
         if t_gemm is not None and t_comm is not None and max(t_gemm, t_comm) > 0:
             best = metrics.best_possible_speedup(t_gemm, t_comm)
         m["best_possible_speedup"] = best
-        for name in OVERLAP_IMPLS:
+        for name in OVERLAP_IMPLS + (("decomposed",) if ssrc == "serial" else ()):
             t = _ok_ms(impls, name)
             if t is None:
                 continue
@@ -192,7 +199,8 @@ def _check_cell(e: dict, width: int = 40) -> str:
     return f"{tag} {_f(e.get('rel_err'), '.1e')}<={_f(e.get('tol'), '.0e')}"
 
 
-_FUSED_COLS = ["shape", "impl", "ms", "TFLOP/s", "bus GB/s", "speedup", "overlap", "best", "of best", "model ms", "model err%", "check"]
+_FUSED_COLS = ["shape", "impl", "ms", "TFLOP/s", "bus GB/s", "speedup", "overlap", "best", "of best", "vs gemm@SMs",
+               "model ms", "model err%", "check"]
 _COMM_COLS = ["shape", "impl", "ms", "bus GB/s", "vs NCCL", "model ms", "model err%", "check"]
 
 
@@ -240,14 +248,14 @@ def format_table(records: Iterable[dict], header: Optional[str] = None) -> str:
                 model_ms = _f(pred.get("total_ms"), ".3f") if is_ours and pred else ""
                 model_err = _f(pred.get("err_pct"), "+.1f") if is_ours and pred else ""
                 if fused:
-                    if name in OVERLAP_IMPLS:
+                    if name in m.get("speedup", {}):
                         sp = m.get("speedup", {}).get(name)
                         ov = m.get("overlap_eff", {}).get(name)
                         la = m.get("limit_attained", {}).get(name)
                         cells_sp = _f(sp, ".2f") + "x" if sp is not None else "-"
                         cells_ov = _f(ov * 100 if ov is not None else None, ".0f") + ("%" if ov is not None else "")
                         cells_la = _f(la * 100 if la is not None else None, ".0f") + ("%" if la is not None else "")
-                    elif name == "serial" and e.get("status") == "ok":
+                    elif name == m.get("t_serial_source", "serial") and e.get("status") == "ok":
                         cells_sp, cells_ov, cells_la = "1.00x", "", ""
                     else:
                         cells_sp, cells_ov, cells_la = "", "", ""
@@ -263,6 +271,7 @@ def format_table(records: Iterable[dict], header: Optional[str] = None) -> str:
                         cells_ov,
                         cells_best,
                         cells_la,
+                        _f(m.get("fused_vs_gemm_same_sms"), ".3f") if is_ours else "",
                         model_ms,
                         model_err,
                         _check_cell(e),

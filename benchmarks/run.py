@@ -34,6 +34,17 @@ EXIT_USAGE = 2
 EXIT_NO_GPU = 3
 
 PROG = "benchmarks/run.py"
+# --emulate-link presets: (GB/s per direction of one whole GPU, latency us). Scaled by the SM share below.
+EMULATED_LINKS = {"nvlink": (360.0, 1.5), "ib": (40.0, 5.0)}
+
+
+def emulation_env(preset: str, share: float) -> dict:
+    """FLUX_SHMEM_LINK_* for a preset, its bandwidth scaled by the SM share: a PE with half the SMs runs its GEMM at
+    half speed, so half the link keeps the ratio of communication to GEMM time of a whole GPU on a real link."""
+    gbps, lat = EMULATED_LINKS[preset]
+    if not 0 < share <= 1:
+        raise ValueError(f"SM share must be in (0, 1], got {share}")
+    return {"FLUX_SHMEM_LINK_GBPS": f"{gbps * share:.3f}", "FLUX_SHMEM_LINK_LATENCY_US": f"{lat:g}"}
 DEFAULT_ITERS, DEFAULT_WARMUP = 100, 10
 QUICK_ITERS, QUICK_WARMUP = 20, 5
 
@@ -107,7 +118,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "ag_gemm, K for gemm_rs; all_gather moves [M,K], reduce_scatter [M,N]), or a suite of "
                         "per-GPU shapes: tp-shard, tp-shard-quick (benchmarks/shapes.py)")
     p.add_argument("--ops", type=_ops_arg, default=list(_shapes.OPS), metavar="OP[,OP...]",
-                   help=f"ops to run, from {','.join(_shapes.OPS)} (default: all)")
+                   help=f"ops to run, from {','.join(_shapes.OPS)} (default: all); or `block` alone: the Llama TP "
+                        "block benchmark (benchmarks/llama_block.py, which takes its own options)")
     p.add_argument("--dtype", choices=sorted(_shapes.DTYPE_BYTES), default="bf16")
     p.add_argument("--iters", type=_positive_int, default=None,
                    help=f"timed iterations per configuration (default {DEFAULT_ITERS}, --quick {QUICK_ITERS})")
@@ -120,9 +132,19 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="input sets to rotate through (default: enough to cover 4x the L2 cache, 2..8)")
     p.add_argument("--jsonl", default=None, metavar="PATH", help="write one JSON object per configuration")
     p.add_argument("--plot-dir", default=None, metavar="DIR", help="write PNG plots (speedup, overlap efficiency)")
-    p.add_argument("--ag-engine", choices=("sm", "ce"), default="sm",
-                   help="AllGatherGEMM's all-gather: 'sm' (gather kernel on a few SMs) or 'ce' (copy engines, one "
-                        "NVLink domain only)")
+    p.add_argument("--ag-engine", choices=("auto", "sm", "ce"), default="auto",
+                   help="AllGatherGEMM's all-gather: 'sm' (gather kernel on a few SMs), 'ce' (copy engines, one "
+                        "NVLink domain only) or 'auto' (the one the simulator predicts faster, per M)")
+    p.add_argument("--mode", choices=("auto", "fused"), default="auto",
+                   help="our fused ops' mode ('auto' may take the decomposed path where fusing would not pay; a "
+                        "'decomposed' twin is always measured beside)")
+    p.add_argument("--comm-blocks", type=_positive_int, default=None, metavar="N",
+                   help="thread blocks of our communication kernels (default: the split the simulator predicts "
+                        "fastest)")
+    p.add_argument("--emulate-link", choices=tuple(EMULATED_LINKS), default=None,
+                   help="pace every peer transfer of our comm engines like an NVLink or InfiniBand link, scaled by "
+                        "this process's SM share (several PEs on one GPU under CUDA MPS): real overlap of the real "
+                        "kernels against a realistic link; said in every table and JSON record")
     p.add_argument("--force-put", action="store_true",
                    help="set FLUX_SHMEM_FORCE_PUT=1 before flux_shmem.init(): every peer's data goes through "
                         "NVSHMEM put/signal (the inter-node path), also within a node")
@@ -172,8 +194,22 @@ def no_gpu_reason() -> Optional[str]:
     return None
 
 
+def block_argv(argv: Sequence[str]) -> Optional[List[str]]:
+    """`--ops block` asks for the Llama TP block benchmark: its arguments (the rest), else None."""
+    for i, a in enumerate(argv):
+        if a == "--ops" and i + 1 < len(argv) and argv[i + 1] == "block":
+            return list(argv[:i]) + list(argv[i + 2:])
+        if a == "--ops=block":
+            return list(argv[:i]) + list(argv[i + 1:])
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the sweep; returns the process exit code (see module docstring)."""
+    rest = block_argv(sys.argv[1:] if argv is None else list(argv))
+    if rest is not None:  # benchmarks/llama_block.py, with its own options
+        from benchmarks import llama_block
+        return llama_block.main(rest)
     args = parse_args(argv)
     reason = no_gpu_reason()
     if reason is not None:
@@ -225,6 +261,17 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     torch.cuda.set_device(mpi_local_rank % max(torch.cuda.device_count(), 1))
+    from flux_shmem.runtime.sm_budget import sm_budget
+
+    budget = sm_budget(torch.cuda.current_device())
+    emulated = None
+    if args.emulate_link:
+        env = emulation_env(args.emulate_link, budget.share)
+        os.environ.update(env)
+        gbps, lat = EMULATED_LINKS[args.emulate_link]
+        emulated = {"preset": args.emulate_link, "gbps": float(env["FLUX_SHMEM_LINK_GBPS"]), "latency_us": lat,
+                    "sm_share": budget.share, "how": f"{gbps:g} GB/s x SM share {budget.share:.3f} "
+                                                   f"({budget.sms} of {budget.device_sms} SMs, {budget.source})"}
 
     # flux_shmem: its absence makes "ours" unavailable, the baselines still run.
     flux, rt, flux_error = None, None, None
@@ -274,7 +321,12 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
 
     gpn = args.gpus_per_node or local_size
-    hw: Optional[model.Hardware] = model.Hardware(args.nvlink_gbps, args.ib_gbps, gpn, args.latency_us)
+    if emulated:  # the model sees the paced link, one GPU's share of SMs
+        hw: Optional[model.Hardware] = model.Hardware(emulated["gbps"], emulated["gbps"], gpn, args.latency_us,
+                                                      sms=budget.sms, emulated=True,
+                                                      link_latency_us=emulated["latency_us"])
+    else:
+        hw = model.Hardware(args.nvlink_gbps, args.ib_gbps, gpn, args.latency_us, sms=budget.sms)
     try:
         model.topology(world, gpn)
     except ValueError as e:
@@ -299,6 +351,10 @@ def _run(args: argparse.Namespace) -> int:
         "ops": args.ops,
         "force_put": bool(args.force_put),
         "ag_engine": args.ag_engine,
+        "mode": args.mode,
+        "comm_blocks": args.comm_blocks,
+        "sm_budget": {"sms": budget.sms, "device_sms": budget.device_sms, "source": budget.source},
+        "emulated_link": emulated,
         "force_put_runtime": getattr(rt, "force_put", None) if flux is not None else None,
         "command": " ".join([os.path.relpath(sys.argv[0], _ROOT) if sys.argv and sys.argv[0] else PROG]
                             + sys.argv[1:]),
@@ -318,19 +374,24 @@ def _run(args: argparse.Namespace) -> int:
 
     header = (f"flux_shmem overlap benchmarks | world {world} ({num_nodes} node(s), {local_size} GPU(s)/node) | "
               f"{config['device']} | {args.dtype} | iters {args.iters} warmup {args.warmup} | "
-              f"force_put {'on' if args.force_put else 'off'} | ag_engine {args.ag_engine} | "
-              f"commit {config['commit']}")
+              f"force_put {'on' if args.force_put else 'off'} | ag_engine {args.ag_engine} | mode {args.mode} | "
+              f"SMs {budget.sms}/{budget.device_sms} | "
+              + (f"EMULATED {args.emulate_link} link: {emulated['how']} = {emulated['gbps']:g} GB/s | " if emulated
+                 else "") + f"commit {config['commit']}")
     say(f"{PROG}: {len(problems)} configuration(s) on {world} rank(s): {header.split(' | ', 1)[1]}")
 
     suite = Suite(comm=comm, rank=rank, world=world, local_rank=device, flux=flux, flux_error=flux_error,
                   dtype=args.dtype, iters=args.iters, warmup=args.warmup, rotate=args.rotate, seed=args.seed,
                   verbose=args.verbose, nccl_error=nccl_error, rounds=args.rounds,
-                  op_options={"AllGatherGEMM": {"engine": args.ag_engine}})
+                  op_options={"AllGatherGEMM": {"engine": args.ag_engine, "comm_blocks": args.comm_blocks},
+                              "GEMMReduceScatter": {"comm_blocks": args.comm_blocks}},
+                  mode=args.mode)
     suite.plan([p for p, why in problems if why is None])
     progress = report.Progress(len(problems), enabled=is_root and not args.no_progress)
     records: List[dict] = []
     failures = 0
-    extra = {"force_put": bool(args.force_put), "iters": args.iters, "warmup": args.warmup, "nodes": num_nodes}
+    extra = {"force_put": bool(args.force_put), "iters": args.iters, "warmup": args.warmup, "nodes": num_nodes,
+             "emulated_link": emulated["how"] if emulated else None, "sm_budget": budget.sms}
     try:
         for p, why in problems:
             if why is None:

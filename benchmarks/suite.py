@@ -41,7 +41,7 @@ class Suite:
     def __init__(self, *, comm, rank: int, world: int, local_rank: int, flux, flux_error: Optional[str],
                  dtype: str, iters: int, warmup: int, rotate: Optional[int], seed: int = 1234,
                  verbose: bool = False, nccl_error: Optional[str] = None, rounds: int = 5,
-                 op_options: Optional[Dict[str, dict]] = None):
+                 op_options: Optional[Dict[str, dict]] = None, mode: str = "auto"):
         self.comm = comm
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.flux = flux
@@ -51,6 +51,7 @@ class Suite:
         self.iters, self.warmup, self.rotate = iters, warmup, rotate
         self.rounds = rounds
         self.op_options = op_options or {}  # extra constructor keywords per op class, e.g. AllGatherGEMM engine
+        self.mode = mode  # our fused ops' mode ('auto' or 'fused'); a 'decomposed' twin is measured beside
         self._pending: List[tuple] = []
         self.seed = seed
         self.verbose = verbose
@@ -80,25 +81,28 @@ class Suite:
     def _op_keys(self, p: Problem) -> List[Tuple[tuple, int]]:
         keys = []
         if p.op == "ag_gemm":
-            keys.append((("AllGatherGEMM", p.n_local, p.k), p.m))
+            keys += [(("AllGatherGEMM", p.n_local, p.k, mode), p.m) for mode in (self.mode, "decomposed")]
         if p.op == "gemm_rs":
-            keys.append((("GEMMReduceScatter", p.n, p.k_local), p.m))
+            keys += [(("GEMMReduceScatter", p.n, p.k_local, mode), p.m) for mode in (self.mode, "decomposed")]
         if p.op in ("ag_gemm", "all_gather"):
             keys.append((("AllGather", p.k), p.m_local))
         if p.op in ("gemm_rs", "reduce_scatter"):
             keys.append((("ReduceScatter", p.n), p.m))
         return keys
 
-    def _our_op(self, kind: str, *dims):
+    def _our_op(self, kind: str, *dims, mode: Optional[str] = None):
         if self.flux is None:
             raise baselines.Unavailable(self.flux_error or "flux_shmem not available")
-        key = (kind, *dims)
+        key = (kind, *dims) + ((mode,) if mode else ())
         if key not in self._ops:
             cls = getattr(self.flux, kind)  # AttributeError -> unavailable
             max_rows = self._max_rows.get(key)
             if max_rows is None:
                 raise RuntimeError(f"internal: no plan for {key}")
-            self._ops[key] = cls(max_rows, *dims, self.dtype, **self.op_options.get(kind, {}))
+            kw = dict(self.op_options.get(kind, {}))
+            if mode:
+                kw["mode"] = mode
+            self._ops[key] = cls(max_rows, *dims, self.dtype, **kw)
         return self._ops[key]
 
     def _nccl(self, make: Callable[[], Callable]) -> Callable[[], Callable]:
@@ -291,7 +295,16 @@ class Suite:
 
         res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
         res["ours"] = self.measure(
-            "ours", lambda: (lambda op: (lambda a_s, b, a_f: op(a_s, b)))(self._our_op("AllGatherGEMM", n, k)),
+            "ours", lambda: (lambda op: (lambda a_s, b, a_f: op(a_s, b)))(self._our_op("AllGatherGEMM", n, k, mode=self.mode)),
+            sets, chk, tol)
+        self._describe(res["ours"], "AllGatherGEMM", n, k, m)
+        res["decomposed"] = self.measure(
+            "decomposed",
+            lambda: (lambda op: (lambda a_s, b, a_f: op(a_s, b)))(self._our_op("AllGatherGEMM", n, k, mode="decomposed")),
+            sets, chk, tol)
+        res["ours_gemm_split"] = self.measure(
+            "ours_gemm_split", lambda: self._gemm_split("AllGatherGEMM", n, k, m, lambda op, s, a_s, b, a_f:
+                                                        op.gemm_only(a_f, b, sm_count=s)),
             sets, chk, tol)
 
         def make_chunked():
@@ -311,7 +324,7 @@ class Suite:
             sets, chk, tol)
         res["ours_gemm"] = self.measure(
             "ours_gemm",
-            lambda: (lambda op: (lambda a_s, b, a_f: op.gemm_only(a_f, b)))(self._our_op("AllGatherGEMM", n, k)),
+            lambda: (lambda op: (lambda a_s, b, a_f: op.gemm_only(a_f, b)))(self._our_op("AllGatherGEMM", n, k, mode=self.mode)),
             sets, chk, tol)
         res["cublas"] = self.measure("cublas", lambda: (lambda a_s, b, a_f: torch.matmul(a_f, b)), sets, chk, tol)
         self._time_pending()
@@ -344,8 +357,17 @@ class Suite:
 
         res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
         res["ours"] = self.measure(
-            "ours", lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc)),
+            "ours", lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
             sets, chk, tol)
+        self._describe(res["ours"], "GEMMReduceScatter", n, kloc, m)
+        res["decomposed"] = self.measure(
+            "decomposed",
+            lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode="decomposed")),
+            sets, chk, tol)
+        res["ours_gemm_split"] = self.measure(
+            "ours_gemm_split", lambda: self._gemm_split("GEMMReduceScatter", n, kloc, m,
+                                                        lambda op, s, a, b: op.gemm_only(a, b, sm_count=s)),
+            sets, chk_partial, tol)
 
         def make_chunked():
             c = baselines.ChunkedGemmRS(m, n, self.dtype, self.device, r, W)
@@ -359,11 +381,25 @@ class Suite:
             "serial", self._nccl(lambda: (lambda a, b: baselines.serial_gemm_rs(a, b, out_buf))), sets, chk, tol)
         res["ours_gemm"] = self.measure(
             "ours_gemm",
-            lambda: (lambda op: (lambda a, b: op.gemm_only(a, b)))(self._our_op("GEMMReduceScatter", n, kloc)),
+            lambda: (lambda op: (lambda a, b: op.gemm_only(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
             sets, chk_partial, tol)
         res["cublas"] = self.measure("cublas", lambda: (lambda a, b: torch.matmul(a, b)), sets, chk_partial, tol)
         self._time_pending()
         return res
+
+    def _describe(self, entry: dict, kind: str, n: int, k: int, m: int) -> None:
+        """Record how our fused op ran (path, engine, SM split, the simulator's prediction)."""
+        if entry.get("status") == "ok":
+            plan = self._our_op(kind, n, k, mode=self.mode).call_plan(m)
+            entry["plan"] = plan.describe()
+            entry["path"], entry["engine"] = plan.path, plan.engine
+            entry["comm_blocks"], entry["gemm_sms"] = plan.comm_blocks, plan.gemm_sms
+
+    def _gemm_split(self, kind: str, n: int, k: int, m: int, call: Callable) -> Callable:
+        """gemm_only on as many CTAs as the fused call's GEMM gets (the same SM budget)."""
+        op = self._our_op(kind, n, k, mode=self.mode)
+        sms = op.call_plan(m).gemm_sms
+        return lambda *a: call(op, sms, *a)
 
     def close(self) -> None:
         self._ops.clear()

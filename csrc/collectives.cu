@@ -1,5 +1,9 @@
 // Communication engines over symmetric memory: barrier, all-gather, reduce-scatter, and the per-call epoch.
 //
+// What each thread block does, in which order, is a plan made in Python (flux_shmem/ops/_schedule.py ag_plan,
+// rs_plan) and read here as a table of int4 items with per-block offsets: the kernels hold no schedule logic, and
+// the simulator (flux_shmem/ops/simulate.py) runs the same plans.
+//
 // Synchronisation without host round trips or resets: each op owns a device-side epoch counter (1 on the first
 // call, bumped by fs_epoch_bump at the end of every call). Signals are SET to (or counted up to) the epoch and
 // waited on with >=, so they never need resetting and a captured CUDA graph replays correctly. Before a PE writes
@@ -12,6 +16,7 @@
 #include <cstdint>
 
 #include "flux_shmem/comm_schedule.cuh"
+#include "flux_shmem/pace.cuh"
 #include "flux_shmem/put.cuh"
 #include "flux_shmem/signal.cuh"
 
@@ -78,7 +83,32 @@ extern "C" __global__ void fs_wait_signal(const __grid_constant__ WaitArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Test hook / ReduceScatter.input_buffer: wait until every PE of my node has finished reading my reduce-scatter
+// input of the previous call (done[q] >= epoch - 1).
+struct WaitDoneArgs {
+  Ctx ctx;
+  const uint64_t* done;   // symmetric [world]
+  const uint64_t* epoch;  // local
+  int node_size;
+  int pad_;
+};
+
+extern "C" __global__ void fs_wait_done(const __grid_constant__ WaitDoneArgs a) {
+#ifdef FS_DEVICE_PASS
+  const Topo t{a.ctx.my_pe, a.ctx.n_pes, a.node_size};
+  const uint64_t e = *a.epoch;
+  if (e <= 1) return;
+  for (int i = threadIdx.x; i < t.node_size; i += blockDim.x) {
+    const int q = t.pe(t.node(), i);
+    if (!wait_ge(a.ctx, a.done + q, e - 1, kSiteDone, q)) break;
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // All-gather of equal shards into a symmetric gather buffer, one signal per (source PE, chunk).
+enum AgKind : int { kLocal = 0, kPut = 1, kDirect = 2, kForward = 3 };  // flux_shmem/ops/_schedule.py
+
 struct AgArgs {
   Ctx ctx;
   const uint8_t* src;      // this PE's shard (any device memory; may alias its own slot of `gather`)
@@ -86,12 +116,15 @@ struct AgArgs {
   uint64_t* flags;         // symmetric [world * chunks]; flag of (s, c) >= epoch: chunk c of shard s is here
   uint64_t* bar;           // symmetric [world] arrival slots
   const uint64_t* epoch;   // local
+  const int4* units;       // plan: (kind, src PE, dest PE, chunk)
+  const int32_t* block_begin;  // [gridDim.x + 1]: block b does units [block_begin[b], block_begin[b + 1])
   uint64_t shard_bytes;
   uint64_t chunk_bytes;
   int chunks;
   int node_size;
   int wait_all;            // standalone op: return only once every chunk of every shard has arrived here
   int pad_;
+  Pace pace;
 };
 
 extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_constant__ AgArgs a) {
@@ -100,14 +133,15 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
   const uint64_t e = *a.epoch;
   arrive(a.ctx, a.bar, e, t);
   bool used_put = false;
-  const int units = ag_num_units(t, a.chunks);
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const AgUnit w = ag_unit(t, a.chunks, u);
-    const uint64_t off = uint64_t(w.src) * a.shard_bytes + chunk_begin(a.chunk_bytes, w.chunk);
-    const uint64_t bytes = chunk_size(a.shard_bytes, a.chunk_bytes, w.chunk);
-    uint64_t* flag = a.flags + w.src * a.chunks + w.chunk;
-    if (w.kind == kLocal) {
-      const uint8_t* from = a.src + chunk_begin(a.chunk_bytes, w.chunk);
+  for (int i = a.block_begin[blockIdx.x]; i < a.block_begin[blockIdx.x + 1]; ++i) {
+    const int4 w = a.units[i];
+    const int kind = w.x, src = w.y, dest = w.z, chunk = w.w;
+    const uint64_t in_shard = chunk_begin(a.chunk_bytes, chunk);
+    const uint64_t off = uint64_t(src) * a.shard_bytes + in_shard;
+    const uint64_t bytes = chunk_size(a.shard_bytes, a.chunk_bytes, chunk);
+    uint64_t* flag = a.flags + src * a.chunks + chunk;
+    if (kind == kLocal) {
+      const uint8_t* from = a.src + in_shard;
       if (from != a.gather + off) block_copy(a.gather + off, from, bytes);
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -117,11 +151,34 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
       __syncthreads();
       continue;
     }
-    // The source chunk must be in place (my own copy, or the forward's incoming data) and the destination must
-    // have arrived in this epoch before anything is written into it.
-    if (!block_wait_ge(a.ctx, flag, e, kSiteChunk, w.src * a.chunks + w.chunk)) break;
-    if (!block_wait_ge(a.ctx, a.bar + w.dest, e, kSiteBarrier, w.dest)) break;
-    used_put |= put_signal_block(a.gather + off, a.gather + off, bytes, flag, e, w.dest, w.kind != kPut);
+    // A put or forward sends from my gather buffer: that chunk must be in place (my local copy, or the network's
+    // incoming data). A direct store sends my own shard straight from its source. The destination must have
+    // arrived in this epoch (finished its previous call) before anything is written into it.
+    if (kind != kDirect && !block_wait_ge(a.ctx, flag, e, kSiteChunk, src * a.chunks + chunk)) break;
+    if (!block_wait_ge(a.ctx, a.bar + dest, e, kSiteBarrier, dest)) break;
+    const int cls = dest / t.node_size != t.node() ? 1 : 0;
+    if (kind == kPut) {
+      if (a.pace.clock != nullptr && a.pace.fs_per_byte[cls] != 0) {
+        // Emulated link: the signal must wait for the paced end, so it is a separate operation after a fence.
+        nvshmemx_putmem_nbi_block(a.gather + off, a.gather + off, bytes, dest);
+        if (threadIdx.x == 0) {
+          pace_transfer(a.pace, cls, bytes);
+          nvshmem_fence();
+          nvshmemx_signal_op(flag, e, NVSHMEM_SIGNAL_SET, dest);
+        }
+        __syncthreads();
+      } else {
+        nvshmemx_putmem_signal_nbi_block(a.gather + off, a.gather + off, bytes, flag, e, NVSHMEM_SIGNAL_SET, dest);
+      }
+      used_put = true;
+      continue;
+    }
+    const uint8_t* from = kind == kDirect ? a.src + in_shard : a.gather + off;
+    block_copy(nvshmem_ptr(a.gather + off, dest), from, bytes);
+    block_pace(a.pace, cls, bytes);
+    __syncthreads();
+    if (threadIdx.x == 0) signal_set(flag, e, dest, true);
+    __syncthreads();
   }
   if (a.wait_all) {  // (the fused op's GEMM waits per tile instead)
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < t.world * a.chunks; i += gridDim.x * blockDim.x)
@@ -133,26 +190,43 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Reduce-scatter of [M, N] partials (fp32 accumulation), two-level across nodes.
+// Reduce-scatter of [M, N] partials (fp32 accumulation), two-level across nodes, by plan items
+// (flux_shmem/ops/_schedule.py rs_items):
+//   COPY      standalone op: copy my input rows into my symmetric addend, count them as finished "tiles"
+//   NODE_SUM  segment on another node: sum my node's partials of a unit (local-index order), put the node partial
+//             to the segment's owner
+//   PEER_SUM  my segment: sum my node peers' partials (not mine) into the local fp32 buffer `acc`
+//   OWN_ADD   my segment: + my own partial; one node: + bias -> out; else my node's partial -> my receive slot
+//   FINAL     my segment, several nodes: out = node partials summed in node order + bias
+// A unit's PEER_SUM and OWN_ADD are in one block's list, in that order, and touch acc[i] from the same thread.
+enum RsOp : int { kCopy = 0, kNodeSum = 1, kPeerSum = 2, kOwnAdd = 3, kFinal = 4 };
+
 struct RsArgs {
   Ctx ctx;
-  const uint8_t* src;          // standalone op: this PE's input [M, N], copied into `partial` first; null: fused
+  const uint8_t* src;          // standalone op: this PE's input [M, N] (COPY items); null: fused
   uint8_t* partial;            // symmetric [M, N]: this PE's addend (every PE's is read by its node peers)
   uint8_t* stage;              // symmetric [nodes, Ms, N]: node partials on their way to other nodes
   uint8_t* recv;               // symmetric [nodes, Ms, N]: node partials of my segment, one slot per node
   uint64_t* recv_sig;          // symmetric [nodes * max_units]
   uint8_t* out;                // local [Ms, N]
   const uint8_t* bias;         // [N] or null
-  uint64_t* rows_ready;        // symmetric [tiles_m] counters: +1 per finished (M-tile, N-tile) of `partial`
+  float* acc;                  // local [Ms, N]: PEER_SUM -> OWN_ADD
+  uint64_t* rows_ready;        // symmetric [max_tiles_m] counters: +1 per finished (M-tile, N-tile) of `partial`
+  uint64_t* seen;              // local [world * max_tiles_m]: epoch in which (PE, M-tile) was seen complete
   uint64_t* bar;               // symmetric [world]
+  uint64_t* done;              // symmetric [world]: done[q] = epoch once PE q has finished reading my partial
+  unsigned long long* exits;   // local [2]: blocks of this kernel that finished, per epoch parity
   const uint64_t* epoch;       // local
+  const int4* items;           // plan: (op, segment, unit, 0)
+  const int32_t* block_begin;  // [gridDim.x + 1]
   int64_t m, n;
   int64_t rows_per_shard;      // Ms = M / world
   int tile_m, tiles_n;         // GEMM tile height and N-tile count (counter target = epoch * tiles_n)
   int unit_rows;               // divides tile_m
   int node_size;
   int max_tiles_m;             // length of rows_ready (the op's largest M)
-  int pad_;
+  int max_units;               // receive-signal slots per node
+  Pace pace;
 };
 
 namespace fs {
@@ -199,44 +273,60 @@ template <> struct Vec<float> {
   __device__ static void store(void* p, const float* f) { *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]); }
 };
 
-// out[i] = sum_k srcs[k][i] (+ bias[col]) over `elems` elements of rows of width n; elems % kN == 0 and
-// every pointer 16-byte aligned (checked on the host). Sources are summed in the order given.
-template <typename T, int kMaxSrc>
-__device__ void block_sum(T* out, const T* const* srcs, int nsrc, int64_t elems, int64_t n, const T* bias) {
-  using V = Vec<T>;
-  for (int64_t i = int64_t(threadIdx.x) * V::kN; i < elems; i += int64_t(blockDim.x) * V::kN) {
-    float acc[V::kN], x[V::kN];
-    V::load(srcs[0] + i, acc);
-    for (int k = 1; k < nsrc; ++k) {
-      V::load(srcs[k] + i, x);
+// kN floats at a 16-byte aligned address (the fp32 accumulator).
+template <int kN>
+__device__ __forceinline__ void load_f(const float* p, float* f) {
 #pragma unroll
-      for (int j = 0; j < V::kN; ++j) acc[j] += x[j];
-    }
-    if (bias != nullptr) {
-      V::load(bias + (i % n), x);
+  for (int j = 0; j < kN; j += 4) Vec<float>::load(p + j, f + j);
+}
+template <int kN>
+__device__ __forceinline__ void store_f(float* p, const float* f) {
 #pragma unroll
-      for (int j = 0; j < V::kN; ++j) acc[j] += x[j];
-    }
-    V::store(out + i, acc);
-  }
+  for (int j = 0; j < kN; j += 4) Vec<float>::store(p + j, f + j);
 }
 
-constexpr int kMaxNodeSize = 8;
-constexpr int kMaxNodes = 64;
+// Block-wide: wait until the M-tile counter of every PE of my node (but `skip`) shows this epoch's tiles. One
+// thread per peer polls, so remote polls overlap; a counter once seen complete is remembered in `seen` (local
+// memory), so the other units of that M-tile do not poll over the network again.
+__device__ bool wait_node_tiles(const RsArgs& a, const Topo& t, int tile, uint64_t e, int skip) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) ok = 1;
+  __syncthreads();
+  for (int i = threadIdx.x; i < t.node_size; i += blockDim.x) {
+    const int q = t.pe(t.node(), i);
+    if (q == skip) continue;
+    uint64_t* s = a.seen + size_t(q) * a.max_tiles_m + tile;
+    if (ld_acquire_gpu(s) >= e) continue;
+    const uint64_t* c = a.rows_ready + tile;
+    const uint64_t* at = q == t.me ? c : static_cast<const uint64_t*>(nvshmem_ptr(c, q));
+    if (!wait_ge(a.ctx, at, e * uint64_t(a.tiles_n), kSiteRows, q * a.max_tiles_m + tile)) { ok = 0; continue; }
+    st_release_gpu(s, e);
+  }
+  __syncthreads();
+  return ok != 0;
+}
 
 template <typename T>
 __device__ void reduce_scatter(const RsArgs& a) {
+  using V = Vec<T>;
+  constexpr int kN = V::kN;
   const Topo t{a.ctx.my_pe, a.ctx.n_pes, a.node_size};
   const uint64_t e = *a.epoch;
   arrive(a.ctx, a.bar, e, t);
-  const int Nn = t.nodes(), L = t.node_size;
+  const int Nn = t.nodes(), L = t.node_size, node = t.node();
   const int64_t Ms = a.rows_per_shard, N = a.n;
-  const int max_units = rs_max_units_per_segment(Ms, a.unit_rows);
-  const T* partial = reinterpret_cast<const T*>(a.partial);
   T* stage = reinterpret_cast<T*>(a.stage);
   T* recv = reinterpret_cast<T*>(a.recv);
   T* out = reinterpret_cast<T*>(a.out);
   const T* bias = reinterpret_cast<const T*>(a.bias);
+  // My node's addends (dynamic shared memory sized for node_size at launch: no cap on the node size).
+  extern __shared__ uint64_t fs_rs_smem[];
+  const T** node_partial = reinterpret_cast<const T**>(fs_rs_smem);
+  for (int q = threadIdx.x; q < L; q += blockDim.x) {
+    const int pe = t.pe(node, q);
+    node_partial[q] = reinterpret_cast<const T*>(pe == t.me ? a.partial : nvshmem_ptr(a.partial, pe));
+  }
+  __syncthreads();
   bool used_put = false;
   if (blockIdx.x == 0) {
     // Counters of M-tiles beyond this call's M get their tiles_n increments too, so every counter stays at
@@ -244,75 +334,137 @@ __device__ void reduce_scatter(const RsArgs& a) {
     for (int i = int((a.m + a.tile_m - 1) / a.tile_m) + threadIdx.x; i < a.max_tiles_m; i += blockDim.x)
       atomicAdd(reinterpret_cast<unsigned long long*>(a.rows_ready + i), (unsigned long long)a.tiles_n);
   }
-  if (a.src != nullptr) {
-    // Standalone: copy my input into my symmetric addend, but only once my node's PEs have arrived in this
-    // epoch (they no longer read the previous call's addend). Each copied row block counts as one tile.
-    const int copy_units = int((a.m + a.unit_rows - 1) / a.unit_rows);
-    bool peers_arrived = false;
-    for (int cu = blockIdx.x; cu < copy_units; cu += gridDim.x) {
+  bool peers_arrived = false;
+  for (int it = a.block_begin[blockIdx.x]; it < a.block_begin[blockIdx.x + 1]; ++it) {
+    const int4 w = a.items[it];
+    const int op = w.x, seg = w.y, u = w.z;
+    if (op == kCopy) {
+      // Copy my input into my symmetric addend once my node's PEs have arrived in this epoch (they no longer read
+      // the previous call's addend). Each copied row block counts as one tile.
       for (int q = 0; q < L && !peers_arrived; ++q)
-        if (!block_wait_ge(a.ctx, a.bar + t.pe(t.node(), q), e, kSiteBarrier, t.pe(t.node(), q))) return;
+        if (!block_wait_ge(a.ctx, a.bar + t.pe(node, q), e, kSiteBarrier, t.pe(node, q))) return;
       peers_arrived = true;
-      const int64_t lo = int64_t(cu) * a.unit_rows, hi = lo + a.unit_rows < a.m ? lo + a.unit_rows : a.m;
+      const int64_t lo = int64_t(u) * a.unit_rows, hi = lo + a.unit_rows < a.m ? lo + a.unit_rows : a.m;
       const size_t off = size_t(lo * N) * sizeof(T);
       if (a.src != a.partial) block_copy(a.partial + off, a.src + off, size_t((hi - lo) * N) * sizeof(T));
       __syncthreads();
       if (threadIdx.x == 0) { __threadfence_system(); red_add_release_sys(a.rows_ready + lo / a.tile_m, 1); }
       __syncthreads();
+      continue;
     }
-  }
-  const int units = rs_num_units(t, Ms, a.unit_rows);
-  for (int idx = blockIdx.x; idx < units; idx += gridDim.x) {
-    const RsUnit w = rs_unit(t, Ms, a.unit_rows, idx);
     int64_t lo, hi;
-    rs_unit_rows(Ms, a.unit_rows, w.seg, w.u, &lo, &hi);
-    const int64_t seg_row = lo - int64_t(w.seg) * Ms;  // row inside the segment
+    rs_unit_rows(Ms, a.unit_rows, seg, u, &lo, &hi);
+    const int64_t seg_row = lo - int64_t(seg) * Ms;  // row inside the segment
     const int64_t elems = (hi - lo) * N;
-    if (w.phase == 0) {
-      // Node-level sum of rows [lo, hi) over my node's PEs, in local-index order.
-      const T* srcs[kMaxNodeSize];
-      for (int q = 0; q < L; ++q) {
-        const int pe = t.pe(t.node(), q);
-        // The counter of this M-tile on that PE: complete once all its N-tiles of this epoch are written.
-        const uint64_t* c = a.rows_ready + lo / a.tile_m;
-        const uint64_t* ready_at = pe == t.me ? c : static_cast<const uint64_t*>(nvshmem_ptr(c, pe));
-        if (!block_wait_ge(a.ctx, ready_at, e * uint64_t(a.tiles_n), kSiteRows, int(lo / a.tile_m))) return;
-        srcs[q] = static_cast<const T*>(pe == t.me ? partial + lo * N : nvshmem_ptr(partial + lo * N, pe));
-      }
-      const int dst_node = w.seg / L;
-      if (Nn == 1) {  // one node: this is the final sum
-        block_sum<T, kMaxNodeSize>(out + seg_row * N, srcs, L, elems, N, bias);
-        continue;
-      }
-      const T* send = srcs[0];
-      T* slot = (dst_node == t.node() ? recv + int64_t(t.node()) * Ms * N : stage + int64_t(dst_node) * Ms * N) +
-                seg_row * N;
-      if (L > 1 || dst_node == t.node()) {
-        block_sum<T, kMaxNodeSize>(slot, srcs, L, elems, N, nullptr);
+    const int tile = int(lo / a.tile_m);
+    if (op == kNodeSum || op == kPeerSum) {
+      const int skip = op == kPeerSum ? t.me : -1;
+      if (!wait_node_tiles(a, t, tile, e, skip)) return;
+      const int dst_node = seg / L;
+      T* slot = stage + (int64_t(dst_node) * Ms + seg_row) * N;
+      float* accp = a.acc + seg_row * N;
+      const T* send = node_partial[0] + lo * N;  // one PE per node: its partial is the node partial
+      if (op == kPeerSum || L > 1) {
+        for (int64_t i = int64_t(threadIdx.x) * kN; i < elems; i += int64_t(blockDim.x) * kN) {
+          float s[kN], x[kN];
+#pragma unroll
+          for (int j = 0; j < kN; ++j) s[j] = 0.f;
+          for (int q = 0; q < L; ++q) {
+            if (t.pe(node, q) == skip) continue;
+            V::load(node_partial[q] + lo * N + i, x);
+#pragma unroll
+            for (int j = 0; j < kN; ++j) s[j] += x[j];
+          }
+          if (op == kPeerSum) store_f<kN>(accp + i, s);
+          else V::store(slot + i, s);
+        }
         send = slot;
       }
+      block_pace(a.pace, 0, uint64_t(L - 1) * elems * sizeof(T));  // the reads from my L - 1 node peers
+      if (op == kPeerSum) continue;
+      // The node partial goes to the segment's owner, once it has arrived in this epoch (done reading the
+      // previous call's receive slot).
       __syncthreads();
-      uint64_t* sig = a.recv_sig + t.node() * max_units + w.u;
-      if (dst_node == t.node()) {  // my own segment's node partial stays here
-        if (threadIdx.x == 0) { __threadfence(); st_release_sys(sig, e); }
+      if (!block_wait_ge(a.ctx, a.bar + seg, e, kSiteBarrier, seg)) return;
+      T* remote_slot = recv + (int64_t(node) * Ms + seg_row) * N;
+      uint64_t* sig = a.recv_sig + node * a.max_units + u;
+      if (a.pace.clock != nullptr && a.pace.fs_per_byte[1] != 0) {
+        nvshmemx_putmem_nbi_block(remote_slot, send, elems * sizeof(T), seg);
+        if (threadIdx.x == 0) {
+          pace_transfer(a.pace, 1, elems * sizeof(T));
+          nvshmem_fence();
+          nvshmemx_signal_op(sig, e, NVSHMEM_SIGNAL_SET, seg);
+        }
         __syncthreads();
-        continue;
+      } else {
+        nvshmemx_putmem_signal_nbi_block(remote_slot, send, elems * sizeof(T), sig, e, NVSHMEM_SIGNAL_SET, seg);
       }
-      if (!block_wait_ge(a.ctx, a.bar + w.seg, e, kSiteBarrier, w.seg)) return;
-      T* remote_slot = recv + int64_t(t.node()) * Ms * N + seg_row * N;
-      used_put |= put_signal_block(remote_slot, send, elems * sizeof(T), sig, e, w.seg, false);
-    } else {
-      // Final sum of my segment over the node partials, in node order.
-      const T* srcs[kMaxNodes];
-      for (int j = 0; j < Nn; ++j) {
-        if (!block_wait_ge(a.ctx, a.recv_sig + j * max_units + w.u, e, kSiteRecv, j * max_units + w.u)) return;
-        srcs[j] = recv + int64_t(j) * Ms * N + seg_row * N;
-      }
-      block_sum<T, kMaxNodes>(out + seg_row * N, srcs, Nn, elems, N, bias);
+      used_put = true;
+      continue;
     }
+    if (op == kOwnAdd) {
+      __shared__ int ok;
+      if (threadIdx.x == 0) ok = wait_ge(a.ctx, a.rows_ready + tile, e * uint64_t(a.tiles_n), kSiteRows,
+                                         t.me * a.max_tiles_m + tile) ? 1 : 0;
+      __syncthreads();
+      if (!ok) return;
+      const T* mine = node_partial[t.local()] + lo * N;
+      const float* accp = a.acc + seg_row * N;
+      T* dst = Nn == 1 ? out + seg_row * N : recv + (int64_t(node) * Ms + seg_row) * N;
+      for (int64_t i = int64_t(threadIdx.x) * kN; i < elems; i += int64_t(blockDim.x) * kN) {
+        float s[kN], x[kN];
+        V::load(mine + i, s);
+        if (L > 1) {
+          load_f<kN>(accp + i, x);
+#pragma unroll
+          for (int j = 0; j < kN; ++j) s[j] = x[j] + s[j];
+        }
+        if (Nn == 1 && bias != nullptr) {
+          V::load(bias + (i % N), x);
+#pragma unroll
+          for (int j = 0; j < kN; ++j) s[j] += x[j];
+        }
+        V::store(dst + i, s);
+      }
+      if (Nn > 1) {
+        __syncthreads();
+        if (threadIdx.x == 0) { __threadfence(); st_release_sys(a.recv_sig + node * a.max_units + u, e); }
+      }
+      __syncthreads();
+      continue;
+    }
+    // kFinal: the node partials of my segment, summed in node order.
+    for (int j = 0; j < Nn; ++j)
+      if (!block_wait_ge(a.ctx, a.recv_sig + j * a.max_units + u, e, kSiteRecv, j * a.max_units + u)) return;
+    for (int64_t i = int64_t(threadIdx.x) * kN; i < elems; i += int64_t(blockDim.x) * kN) {
+      float s[kN], x[kN];
+      V::load(recv + seg_row * N + i, s);
+      for (int j = 1; j < Nn; ++j) {
+        V::load(recv + (int64_t(j) * Ms + seg_row) * N + i, x);
+#pragma unroll
+        for (int k = 0; k < kN; ++k) s[k] += x[k];
+      }
+      if (bias != nullptr) {
+        V::load(bias + (i % N), x);
+#pragma unroll
+        for (int k = 0; k < kN; ++k) s[k] += x[k];
+      }
+      V::store(out + seg_row * N + i, s);
+    }
+    __syncthreads();
   }
   __syncthreads();
-  if (used_put && threadIdx.x == 0) nvshmem_quiet();
+  if (threadIdx.x == 0) {
+    if (used_put) nvshmem_quiet();
+    // The last block to finish tells my node's PEs that I no longer read their addends of this epoch
+    // (ReduceScatter.input_buffer waits for it before a caller overwrites its input).
+    __threadfence_system();
+    const unsigned long long before = atomicAdd(a.exits + (e & 1), 1ull);
+    if (before + 1 == gridDim.x) {
+      a.exits[e & 1] = 0;  // reused in epoch e + 2, whose kernel starts after this one has ended
+      for (int q = 0; q < L; ++q) signal_set(a.done + t.me, e, t.pe(node, q), true);
+    }
+  }
 }
 
 }  // namespace fs

@@ -49,7 +49,7 @@ ROOT_ENV: dict[str, str] = {
 # Existing variables forwarded automatically: remote ranks (Open MPI) do not
 # inherit the launcher's environment, but users expect e.g. NVSHMEM_DEBUG=INFO
 # or a virtualenv's PATH to apply everywhere.
-AUTO_FORWARD_PREFIXES = ("NVSHMEM_", "NCCL_", "FLUX_SHMEM_")
+AUTO_FORWARD_PREFIXES = ("NVSHMEM_", "NCCL_", "FLUX_SHMEM_", "CUDA_MPS_")
 AUTO_FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 OPENMPI = "openmpi"

@@ -67,23 +67,6 @@ def test_ideal_case_reduces_to_max_plus_latency(op):
     assert p.exposed_ms == 0.0
 
 
-def test_fused_time_regimes():
-    # compute bound, first chunk covered: exactly max + latency
-    total, exposed = model.fused_time_ms(8.0, 2.0, 8, 0.01)
-    assert total == pytest.approx(8.01) and exposed == 0.0
-    # communication bound: the last chunk's GEMM (t_gemm / world) is exposed
-    total, exposed = model.fused_time_ms(2.0, 8.0, 8, 0.0)
-    assert total == pytest.approx(8.0 + 2.0 / 8) and exposed == pytest.approx(0.25)
-    # balanced: exposed is between 0 and one chunk
-    total, exposed = model.fused_time_ms(8.0, 7.5, 8, 0.0)
-    assert 0.0 < exposed <= 1.0
-    assert total == pytest.approx(max(8.0, 7.5 + 1.0))
-    # never faster than either part, never slower than serial + latency
-    for tg, tc in [(1, 3), (3, 1), (2, 2), (0.1, 5)]:
-        t, _ = model.fused_time_ms(tg, tc, 4, 0.0)
-        assert max(tg, tc) <= t <= tg + tc
-
-
 def test_monotonic_in_bandwidth():
     args = ("ag_gemm", 16384, 49152, 12288, 16, 2)
     prev = None

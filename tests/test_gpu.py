@@ -1,8 +1,13 @@
-"""GPU tests: tests/gpu/checks.py under mpirun with 1 and 2 PEs (2 PEs may share one GPU), plus timeouts.
-Skipped with the reason where there is no Hopper GPU."""
+"""GPU tests: tests/gpu/checks.py under mpirun with 1, 2 and 4 PEs (several PEs may share one GPU), plus timeouts,
+and the nn checks under torchrun compared with flux-launch. Skipped with the reason where there is no Hopper GPU.
+
+With FLUX_SHMEM_TEST_MPS=1 (a CUDA MPS daemon running: `bash benchmarks/gpu_session.sh mps tests`) each launch
+gives its PEs CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / PEs, so they run at once: races and overlap show. Without
+MPS, PEs sharing a GPU time-slice (correctness only) and the soak is shortened."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +16,44 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "gpu" / "checks.py"
+TORCHRUN_CHECK = ROOT / "tests" / "gpu" / "torchrun_check.py"
 pytestmark = pytest.mark.gpu
 
 
-def launch(np_: int, *groups: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "flux_shmem.launch", "-n", str(np_), "--", sys.executable, str(CHECKS), *groups]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+MPS = os.environ.get("FLUX_SHMEM_TEST_MPS") == "1"
+
+
+def _log(what: str, env, proc: subprocess.CompletedProcess) -> None:
     logdir = os.environ.get("FLUX_SHMEM_TEST_LOGDIR")  # full logs of each launch (device runs)
     if logdir:
         with open(Path(logdir, "launches.log"), "a") as f:
-            f.write(f"===== np={np_} groups={groups} env={env} rc={proc.returncode}\n{proc.stdout}{proc.stderr}\n")
+            f.write(f"===== {what} env={env} rc={proc.returncode}\n{proc.stdout}{proc.stderr}\n")
+
+
+def launch(np_: int, *groups: str, env: dict | None = None, timeout: int = 600,
+           script: Path = CHECKS) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "flux_shmem.launch", "-n", str(np_), "--", sys.executable, str(script), *groups]
+    base = {**os.environ, "FLUX_SHMEM_TIMEOUT_S": os.environ.get("FLUX_SHMEM_TIMEOUT_S", "60")}
+    if MPS:
+        base["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // np_)
+    proc = subprocess.run(cmd, cwd=ROOT, env={**base, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+    _log(f"np={np_} {script.name} groups={groups}", env, proc)
+    return proc
+
+
+def torchrun(np_: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node np_ tests/gpu/torchrun_check.py args...`, without any MPI launcher variables."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))}
+    env.update(NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_), "--master-addr",
+           "127.0.0.1", "--master-port", str(port), str(TORCHRUN_CHECK), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    _log(f"torchrun np={np_} {args}", None, proc)
     return proc
 
 
@@ -37,13 +69,30 @@ def test_runtime_and_collectives(np_):
     assert_checks_passed(launch(np_, "runtime", "collectives"), 10)
 
 
-@pytest.mark.parametrize("np_", [1, 2])
+@pytest.mark.parametrize("np_", [1, 2, 4])
 def test_fused_gemms(np_):
-    assert_checks_passed(launch(np_, "gemm"), 5)
+    assert_checks_passed(launch(np_, "gemm"), 6)
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_soak(np_):
+    """2,000 back-to-back fused calls per op, inputs changing, checked every 100 (under MPS: PEs at once)."""
+    calls = "2000" if MPS else "200"
+    assert_checks_passed(launch(np_, "soak", env={"FLUX_SHMEM_SOAK_CALLS": calls}, timeout=900), 1)
+
+
+def test_hazards():
+    """Input overwritten under a slow reader, reduce over a node of 4, SM budget and occupancy, link pacing."""
+    assert_checks_passed(launch(2, "hazards", "emulation"), 4)
+
+
+def test_large_node():
+    """A node of 12 PEs (more than the 8 the reduce kernel once had room for)."""
+    assert_checks_passed(launch(12, "large_node_reduce", timeout=900), 1)
 
 
 def test_fused_gemms_forced_put():
-    assert_checks_passed(launch(2, "gemm", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 5)
+    assert_checks_passed(launch(2, "gemm", env={"FLUX_SHMEM_FORCE_PUT": "1"}), 6)
 
 
 def test_forced_put_path():
@@ -65,4 +114,27 @@ def test_timeout_traps_and_reports():
 
 def test_two_level_path_on_one_host():
     """4 PEs as 2 'nodes' of 2: NVLink stores inside a node, puts and forwards between nodes, node partials."""
-    assert_checks_passed(launch(4, "collectives", env={"FLUX_SHMEM_NODE_SIZE": "2"}), 4)
+    assert_checks_passed(launch(4, "collectives", "gemm", env={"FLUX_SHMEM_NODE_SIZE": "2"}), 10)
+
+
+NN_CHECKS = 6  # tests/gpu/checks.py group "nn"
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_nn_layers_and_block(np_):
+    """flux_shmem.nn: both layers, the Llama block, torch.compile(fullgraph=True), a CUDA-graph training step."""
+    assert_checks_passed(launch(np_, "nn", timeout=900), NN_CHECKS)
+
+
+def test_nn_forced_put():
+    assert_checks_passed(launch(2, "nn", env={"FLUX_SHMEM_FORCE_PUT": "1"}, timeout=900), NN_CHECKS)
+
+
+def test_torchrun_matches_flux_launch(tmp_path):
+    """The nn checks bootstrapped by torchrun, and a fixed training step equal to flux-launch's, rank by rank."""
+    fl = launch(2, "--launcher", "mpi", "--save", str(tmp_path / "fl"), script=TORCHRUN_CHECK, timeout=900)
+    assert_checks_passed(fl, NN_CHECKS + 1)
+    tr = torchrun(2, "--launcher", "torch", "--save", str(tmp_path / "tr"), "--compare", str(tmp_path / "fl"),
+                  timeout=900)
+    assert_checks_passed(tr, NN_CHECKS + 1)
+    assert (tr.stdout + tr.stderr).count("tensors bitwise equal to") == 2, (tr.stdout + tr.stderr)[-6000:]

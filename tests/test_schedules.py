@@ -1,6 +1,7 @@
-"""The communication schedules (csrc/include/flux_shmem/comm_schedule.cuh), compiled for the host and checked:
-every chunk reaches every PE exactly once, along a path whose data is already there; reduce-scatter units tile
-every segment exactly once without crossing a GEMM tile."""
+"""The schedules of flux_shmem/ops/_schedule.py, which the kernels read as tables and the simulator runs: every
+chunk reaches every PE exactly once along a path whose data is already there, in ring-shift order; reduce-scatter
+items cover every unit exactly once per node, with the dependencies kept inside one block; tile orders are
+permutations in the intended order; the C++ row arithmetic agrees with the Python twins."""
 from __future__ import annotations
 
 import collections
@@ -10,8 +11,177 @@ from pathlib import Path
 
 import pytest
 
+from flux_shmem.ops import _schedule as sch
+
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = {0: "local", 1: "put", 2: "direct", 3: "forward"}
+TOPOLOGIES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 8), (8, 4), (16, 8), (8, 1), (6, 3), (12, 4), (32, 16)]
+
+
+@pytest.mark.parametrize("world,L", TOPOLOGIES)
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_all_gather_delivers_every_chunk_once(world, L, chunks):
+    arrivals = collections.Counter()
+    for pe in range(world):
+        units = sch.ag_units(pe, world, L, chunks)
+        assert len(units) == world * chunks
+        have = {(pe, c) for c in range(chunks)}  # my own shard (source of direct stores)
+        node = pe // L
+        for u in units:
+            arrivals[(u.src, u.dest, u.chunk)] += 1
+            kind, dnode = sch.AG_KINDS[u.kind], u.dest // L
+            if kind == "local":
+                assert u.src == u.dest == pe
+            elif kind == "put":  # across nodes, only to my own local index, from my own shard
+                assert u.src == pe and dnode != node and u.dest % L == pe % L
+            elif kind == "direct":
+                assert u.src == pe and dnode == node and u.dest != pe
+            else:  # forward: a shard that came over the network from my local index on another node
+                assert u.src // L != node and u.src % L == pe % L and dnode == node and u.dest != pe
+        kinds = [u.kind for u in units]
+        assert kinds == sorted(kinds, key=[sch.LOCAL, sch.PUT, sch.DIRECT, sch.FORWARD].index)
+        # ring shift: step i of the direct phase goes to PE me - i, whole shards in chunk order
+        direct = [u for u in units if u.kind == sch.DIRECT]
+        expect = [(node * L + (pe - i) % L, c) for i in range(1, L) for c in range(chunks)]
+        assert [(u.dest, u.chunk) for u in direct] == expect
+        del have
+    assert arrivals == collections.Counter({(s, d, c): 1 for s in range(world) for d in range(world)
+                                            for c in range(chunks)})
+
+
+@pytest.mark.parametrize("world,L", TOPOLOGIES)
+def test_all_gather_ring_shift_has_one_sender_per_receiver(world, L):
+    """In step i of the direct phase every PE of a node sends to a different PE: no receiver takes two streams."""
+    for node in range(world // L):
+        for i in range(1, L):
+            dests = [node * L + (pe - i) % L for pe in range(node * L, (node + 1) * L)]
+            assert sorted(dests) == list(range(node * L, (node + 1) * L))
+
+
+def test_round_robin_and_tables():
+    per = sch.ag_plan(1, 4, 4, 2, 3)
+    assert [len(b) for b in per] == [3, 3, 2]
+    assert sum(per, []) != sch.ag_units(1, 4, 4, 2) and sorted(sum(per, [])) == sorted(sch.ag_units(1, 4, 4, 2))
+    flat, off = sch.plan_table(per)
+    assert off == [0, 3, 6, 8] and len(flat) == 32 and tuple(flat[:4]) == tuple(per[0][0])
+    flat, off = sch.plan_table([[sch.RsItem(1, 2, 3)]])
+    assert flat == [1, 2, 3, 0] and off == [0, 1]
+    with pytest.raises(ValueError, match="blocks"):
+        sch.round_robin([1], 0)
+    with pytest.raises(ValueError, match="topology"):
+        sch.ag_units(0, 6, 4, 1)
+
+
+@pytest.mark.parametrize("world,rows,chunk_rows", [(1, 64, 64), (2, 100, 40), (4, 256, 64), (8, 7, 3), (3, 5, 8)])
+def test_copy_engine_all_gather_plan(world, rows, chunk_rows):
+    """Every PE's copy list on byte buffers: each PE's gather buffer ends up as the concatenation of the shards,
+    every (shard, chunk) flag is raised exactly once on every PE, and only after its chunk's bytes; each PE fills
+    its own buffer first, then ring-shifts its shard to me - 1, me - 2, ..."""
+    row_bytes = 6
+    chunks = -(-rows // chunk_rows)
+    shards = [bytes((17 * s + i) % 251 for i in range(rows * row_bytes)) for s in range(world)]
+    gather = [bytearray(world * rows * row_bytes) for _ in range(world)]
+    written = [[0] * (world * rows * row_bytes) for _ in range(world)]
+    raised = [[0] * (world * chunks) for _ in range(world)]
+    for me in range(world):
+        plan = sch.ag_ce_copies(me, world, rows, chunk_rows, row_bytes)
+        assert len(plan) == world * chunks
+        assert [cp.dest for cp in plan] == [(me - i) % world for i in range(world) for _ in range(chunks)]
+        for cp in plan:
+            src = shards[me][cp.src_offset:cp.src_offset + cp.nbytes]
+            gather[cp.dest][cp.offset:cp.offset + cp.nbytes] = src
+            for i in range(cp.offset, cp.offset + cp.nbytes):
+                written[cp.dest][i] += 1
+            r0 = cp.chunk * chunk_rows
+            lo, hi = (me * rows + r0) * row_bytes, (me * rows + min(rows, r0 + chunk_rows)) * row_bytes
+            assert all(written[cp.dest][i] == 1 for i in range(lo, hi))
+            assert cp.flag == me * chunks + cp.chunk
+            raised[cp.dest][cp.flag] += 1
+    for pe in range(world):
+        assert bytes(gather[pe]) == b"".join(shards)
+        assert all(w == 1 for w in written[pe]) and all(f == 1 for f in raised[pe])
+    with pytest.raises(ValueError, match="geometry"):
+        sch.ag_ce_copies(0, 2, 0, 8, 16)
+
+
+def test_tile_chunks_and_arrival_order():
+    # shards of 100 rows, chunks of 40: tile 0 (rows 0-127) needs all of shard 0 and chunk 0 of shard 1
+    assert sch.tile_chunks(0, 128, 400, 100, 40) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert sch.tile_chunks(3, 128, 400, 100, 40) == [(3, 2)]
+    arr = {(s, c): 10.0 * ((s - 2) % 4) + c for s in range(4) for c in range(3)}  # PE 2's view: own shard first
+    order = sch.ag_tile_order(400, 128, 100, 40, arr)
+    assert sorted(order) == [0, 1, 2, 3] and order[0] == 2  # rows 256-383: shards 2 and 3, the earliest
+    ready = [max(arr[sc] for sc in sch.tile_chunks(t, 128, 400, 100, 40)) for t in order]
+    assert ready == sorted(ready)
+
+
+@pytest.mark.parametrize("world,L", TOPOLOGIES)
+@pytest.mark.parametrize("m,tm", [(1024, 128), (8192, 128), (96, 128), (1000, 128)])
+def test_rs_tile_order(world, L, m, tm):
+    m = max(world, m // world * world)
+    ms = m // world
+    orders = [sch.rs_tile_order(me, world, L, m, tm) for me in range(world)]
+    for me, order in enumerate(orders):
+        assert sorted(order) == list(range(-(-m // tm)))
+        segs = [set(range(t * tm // ms, (min(m, (t + 1) * tm) - 1) // ms + 1)) for t in range(len(order))]
+        pos = {t: i for i, t in enumerate(order)}
+        own = [t for t in order if segs[t] == {me}]
+        other = [t for t in order if me not in segs[t]]
+        if own and other:  # tiles wholly in my own segment come after every tile without my rows
+            assert min(pos[t] for t in own) > max(pos[t] for t in other)
+        phases = sch.rs_segment_phases(me, world, L)
+        assert sorted(sum(phases, [])) == list(range(world))
+        assert all(s // L != me // L for s in phases[0]) and all(s // L == me // L for s in phases[1])
+    # other nodes' segments: the same order on every PE of a node
+    for node in range(world // L):
+        a = [orders[node * L + q][:len(sch.rs_segment_phases(node * L, world, L)[0]) * (ms // tm)]
+             for q in range(L)]
+        assert all(x == a[0] for x in a)
+
+
+@pytest.mark.parametrize("world,L", TOPOLOGIES)
+@pytest.mark.parametrize("ms,ur,tm", [(128, 128, 128), (100, 32, 128), (1000, 8, 128), (7, 4, 128), (256, 1, 128)])
+def test_rs_plan_covers_units(world, L, ms, ur, tm):
+    m = ms * world
+    nodes = world // L
+    summed = collections.Counter()   # (segment, unit) -> node-level sums (NODE_SUM or OWN_ADD, once per node)
+    for pe in range(world):
+        plan = sch.rs_plan(pe, world, L, m, ur, tm, blocks=5)
+        items = [it for b in plan for it in b]
+        for b in plan:  # a unit's PEER_SUM precedes its OWN_ADD in the same block; FINAL after OWN_ADD
+            seen = {}
+            for it in b:
+                seen.setdefault((it.seg, it.unit), []).append(it.op)
+            for ops in seen.values():
+                assert ops == sorted(ops)
+        by_op = collections.defaultdict(list)
+        for it in items:
+            by_op[it.op].append(it)
+            lo, hi = sch.rs_unit_rows(ms, ur, it.seg, it.unit)
+            assert it.seg * ms <= lo < hi <= (it.seg + 1) * ms and lo // tm == (hi - 1) // tm
+            assert it.unit < sch.rs_max_units(ms, ur)
+        units = sch.rs_units_in_segment(ms, ur, pe)
+        assert sorted(i.unit for i in by_op[sch.OWN_ADD]) == list(range(units))
+        assert len(by_op[sch.PEER_SUM]) == (units if L > 1 else 0)
+        assert len(by_op[sch.FINAL]) == (units if nodes > 1 else 0)
+        for it in by_op[sch.NODE_SUM]:
+            assert it.seg // L != pe // L and it.seg % L == pe % L
+            summed[(it.seg, it.unit)] += 1
+        for it in by_op[sch.OWN_ADD]:
+            summed[(it.seg, it.unit)] += 1
+        assert not by_op[sch.COPY]
+    assert summed == {(s, u): nodes for s in range(world) for u in range(sch.rs_units_in_segment(ms, ur, s))}
+
+
+def test_rs_plan_standalone_copies_first():
+    plan = sch.rs_plan(0, 2, 2, 64, 8, 8, blocks=2, copy_rows=64)
+    items = [it for b in plan for it in b]
+    copies = [it for it in items if it.op == sch.COPY]
+    assert sorted(it.unit for it in copies) == list(range(8))
+    for b in plan:
+        ops = [it.op for it in b]
+        assert ops[:ops.count(sch.COPY)] == [sch.COPY] * ops.count(sch.COPY)
+    with pytest.raises(ValueError, match="unit_rows"):
+        sch.rs_items(0, 2, 2, 64, 3, 8)
 
 
 @pytest.fixture(scope="module")
@@ -29,76 +199,14 @@ def dump(tmp_path_factory):
     return run
 
 
-TOPOLOGIES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 8), (8, 4), (16, 8), (8, 1), (6, 3), (12, 4)]
+@pytest.mark.parametrize("ms,ur", [(128, 128), (100, 32), (1000, 64), (7, 4), (256, 1)])
+def test_cpp_unit_rows_match_python(dump, ms, ur):
+    for seg in (0, 1, 5):
+        units = sch.rs_units_in_segment(ms, ur, seg)
+        got = dump("rs_rows", ms, ur, seg, units)
+        assert got == [[u, *sch.rs_unit_rows(ms, ur, seg, u)] for u in range(units)]
 
 
-@pytest.mark.parametrize("world,L", TOPOLOGIES)
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_all_gather_delivers_every_chunk_once(dump, world, L, chunks):
-    units = dump("ag", world, L, chunks)
-    assert len(units) == world * world * chunks
-    arrivals = collections.Counter()
-    by_pe = collections.defaultdict(list)
-    for pe, kind, src, dest, c in units:
-        by_pe[pe].append((KINDS[kind], src, dest, c))
-        arrivals[(src, dest, c)] += 1
-        node, dnode = pe // L, dest // L
-        if KINDS[kind] == "local":
-            assert src == dest == pe
-        elif KINDS[kind] == "put":  # across nodes, only to my own local index
-            assert src == pe and dnode != node and dest % L == pe % L
-        elif KINDS[kind] == "direct":
-            assert src == pe and dnode == node and dest != pe
-        else:  # forward: a shard that came over the network from my local index on another node
-            assert src // L != node and src % L == pe % L and dnode == node and dest != pe
-    # every PE ends up with every chunk of every shard exactly once
-    assert arrivals == collections.Counter({(s, d, c): 1 for s in range(world) for d in range(world)
-                                            for c in range(chunks)})
-    for pe, lst in by_pe.items():
-        kinds = [k for k, *_ in lst]
-        # phases in order: local copies first, network puts before NVLink stores, forwards last
-        order = {"local": 0, "put": 1, "direct": 2, "forward": 3}
-        assert kinds == sorted(kinds, key=order.get)
-        # every destination gets chunk 0 of a phase before chunk 1
-        for k in ("put", "direct"):
-            cs = [c for kk, s, d, c in lst if kk == k]
-            assert cs == sorted(cs)
-
-
-def rs_reference_units(world, L, Ms, ur, pe):
-    nodes, node, local = world // L, pe // L, pe % L
-    segs = [((node + j) % nodes) * L + local for j in range(1, nodes + 1)]
-    out = []
-    for s in segs:
-        lo, hi = s * Ms, (s + 1) * Ms
-        cuts = sorted({lo, hi, *range((lo // ur + 1) * ur, hi, ur)})
-        out += [(0, s, u, a, b) for u, (a, b) in enumerate(zip(cuts, cuts[1:]))]
-    if nodes > 1:
-        lo, hi = pe * Ms, (pe + 1) * Ms
-        cuts = sorted({lo, hi, *range((lo // ur + 1) * ur, hi, ur)})
-        out += [(1, pe, u, a, b) for u, (a, b) in enumerate(zip(cuts, cuts[1:]))]
-    return out
-
-
-@pytest.mark.parametrize("world,L", TOPOLOGIES)
-@pytest.mark.parametrize("Ms,ur", [(128, 128), (100, 32), (1000, 64), (7, 4), (256, 1)])
-def test_reduce_scatter_units(dump, world, L, Ms, ur):
-    units = dump("rs", world, L, Ms, ur)
-    by_pe = collections.defaultdict(list)
-    for pe, phase, seg, u, lo, hi in units:
-        by_pe[pe].append((phase, seg, u, lo, hi))
-        assert seg * Ms <= lo < hi <= (seg + 1) * Ms
-        assert lo // ur == (hi - 1) // ur  # inside one aligned block, so inside one GEMM tile (ur divides it)
-        assert u < Ms // ur + 2  # fits the receive-signal slots
-    covered = collections.Counter()
-    for pe in range(world):
-        assert by_pe[pe] == rs_reference_units(world, L, Ms, ur, pe)
-        for phase, seg, u, lo, hi in by_pe[pe]:
-            if phase == 0:
-                covered[seg] += hi - lo
-    # phase A: each segment is summed once by each node (by the PE with the segment's local index)
-    assert covered == {s: Ms * (world // L) for s in range(world)}
-    # remote segments before my own node's
-    for pe in range(world):
-        segs = [seg // L for phase, seg, *_ in by_pe[pe] if phase == 0]
-        assert segs[-1] == pe // L
+def test_cpp_chunks(dump):
+    got = dump("chunks", 1000, 300, 5)
+    assert got == [[0, 0, 300], [1, 300, 300], [2, 600, 300], [3, 900, 100], [4, 1200, 0]]

@@ -34,5 +34,5 @@ def test_check_tensor_messages():
 
 
 def test_unknown_ag_engine_is_refused_before_anything_runs():
-    with pytest.raises(ValueError, match=r"engine must be one of \('sm', 'ce'\)"):
+    with pytest.raises(ValueError, match=r"engine must be one of \('auto', 'sm', 'ce'\)"):
         flux_shmem.AllGatherGEMM(1024, 256, 256, engine="dma")

@@ -33,20 +33,38 @@ class WaitArgs(ctypes.Structure):
     _fields_ = [("ctx", Ctx), ("sig", c_ptr), ("expected", c_u64)]
 
 
+class Pace(ctypes.Structure):
+    """Link emulation (csrc/include/flux_shmem/pace.cuh): clock null or fs_per_byte 0 = not paced."""
+    _fields_ = [("clock", c_ptr), ("fs_per_byte", ctypes.c_uint32 * 2), ("latency_ns", ctypes.c_uint32 * 2)]
+
+
+class WaitDoneArgs(ctypes.Structure):
+    _fields_ = [("ctx", Ctx), ("done", c_ptr), ("epoch", c_ptr), ("node_size", c_i32), ("pad_", c_i32)]
+
+
 class AgArgs(ctypes.Structure):
     _fields_ = [("ctx", Ctx), ("src", c_ptr), ("gather", c_ptr), ("flags", c_ptr), ("bar", c_ptr),
-                ("epoch", c_ptr), ("shard_bytes", c_u64), ("chunk_bytes", c_u64), ("chunks", c_i32),
-                ("node_size", c_i32), ("wait_all", c_i32), ("pad_", c_i32)]
+                ("epoch", c_ptr), ("units", c_ptr), ("block_begin", c_ptr), ("shard_bytes", c_u64),
+                ("chunk_bytes", c_u64), ("chunks", c_i32), ("node_size", c_i32), ("wait_all", c_i32),
+                ("pad_", c_i32), ("pace", Pace)]
 
 
 class RsArgs(ctypes.Structure):
-    _fields_ = [("ctx", Ctx), ("src", c_ptr), ("partial", c_ptr), ("stage", c_ptr), ("recv", c_ptr), ("recv_sig", c_ptr),
-                ("out", c_ptr), ("bias", c_ptr), ("rows_ready", c_ptr), ("bar", c_ptr), ("epoch", c_ptr),
-                ("m", c_i64), ("n", c_i64), ("rows_per_shard", c_i64), ("tile_m", c_i32), ("tiles_n", c_i32),
-                ("unit_rows", c_i32), ("node_size", c_i32), ("max_tiles_m", c_i32), ("pad_", c_i32)]
+    _fields_ = [("ctx", Ctx), ("src", c_ptr), ("partial", c_ptr), ("stage", c_ptr), ("recv", c_ptr),
+                ("recv_sig", c_ptr), ("out", c_ptr), ("bias", c_ptr), ("acc", c_ptr), ("rows_ready", c_ptr),
+                ("seen", c_ptr), ("bar", c_ptr), ("done", c_ptr), ("exits", c_ptr), ("epoch", c_ptr),
+                ("items", c_ptr), ("block_begin", c_ptr), ("m", c_i64), ("n", c_i64), ("rows_per_shard", c_i64),
+                ("tile_m", c_i32), ("tiles_n", c_i32), ("unit_rows", c_i32), ("node_size", c_i32),
+                ("max_tiles_m", c_i32), ("max_units", c_i32), ("pace", Pace)]
 
 
-# Error sites (fs::Site) for messages.
+# Error sites (fs::Site) for messages, and a hint at the usual cause.
 SITES = {1: "barrier arrival slot of PE", 2: "all-gather chunk flag (source PE * chunks + chunk)",
-         3: "GEMM rows-ready counter of M-tile", 4: "reduce-scatter receive signal (node * units + unit)",
-         9: "test signal"}
+         3: "GEMM rows-ready counter (epilogue: M-tile; reduce: PE * M-tiles + M-tile)",
+         4: "reduce-scatter receive signal (node * units + unit)",
+         5: "reduce-scatter done slot of PE", 9: "test signal"}
+HINTS = {2: " If the all-gather kernel of the source PE never ran, another kernel may hold the SMs it needs (the "
+            "fused GEMM leaves comm_blocks SMs free of the context's budget): run fewer concurrent kernels, or use "
+            "engine='ce'.",
+         3: " If the GEMM of that PE never finished its tiles, check that every PE called the op the same number "
+            "of times with the same M."}

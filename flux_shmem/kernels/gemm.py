@@ -235,6 +235,7 @@ class CutlassGemm:
                              f"{self.config.name} --force`")
         self.name = name
         self._workspace = None  # torch uint8 tensor, zeroed when allocated; the kernel leaves it zeroed
+        self._max_ctas: Optional[int] = None
 
     @staticmethod
     def get(family: str, dtype, b_layout: str, config: "str | registry.KernelConfig | None" = None) -> "CutlassGemm":
@@ -280,10 +281,26 @@ class CutlassGemm:
         out.workspace, out.workspace_bytes = ws.data_ptr(), ws.numel()
         return out, ws
 
+    def max_ctas(self, geo: FsLaunch) -> Optional[int]:
+        """CTAs of this kernel that can be resident at once in this context (the driver's occupancy answer for its
+        cluster shape, cached), or None where the driver cannot say."""
+        if self._max_ctas is None:
+            cl = tuple(geo.cluster)
+            n = self.kernel.max_active_clusters(tuple(geo.block), int(geo.smem_bytes), cl)
+            self._max_ctas = (n * cl[0] * cl[1] * cl[2]) if n else 0
+        return self._max_ctas or None
+
     def launch(self, args: GemmArgs, stream=None) -> FsLaunch:
-        """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current)."""
+        """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current). A
+        persistent grid larger than what can be resident at once (occupancy query) is shrunk to fit: its CTAs
+        would otherwise wait for each other's SMs."""
         args, _ws = self.with_workspace(args)  # the instance holds the current workspace
         blob, geo = self.host.params(args)
+        cap = self.max_ctas(geo)
+        if cap is not None and geo.grid[0] * geo.grid[1] * geo.grid[2] > cap and args.sm_count > cap:
+            args = type(args).from_buffer_copy(args)
+            args.sm_count = cap
+            blob, geo = self.host.params(args)
         self.kernel.launch(blob, tuple(geo.grid), tuple(geo.block), smem=int(geo.smem_bytes), stream=stream,
                            cluster=tuple(geo.cluster))
         return geo

@@ -40,6 +40,16 @@ def copy_async(dst: int, src: int, nbytes: int, stream) -> None:
            f"cuMemcpyDtoDAsync({nbytes} bytes)")
 
 
+def write_value_async(addr: int, value: int, stream) -> None:
+    """Write the 64-bit `value` at device address `addr` (may be a peer mapping) on `stream` (a torch stream),
+    after a memory barrier for all of the stream's prior work (cuStreamWriteValue64 with default flags): whoever
+    sees the value sees what the stream wrote before. Needs no SM; captured into CUDA graphs as a memop node."""
+    driver = _driver()
+    _check(driver.cuStreamWriteValue64(driver.CUstream(stream.cuda_stream), driver.CUdeviceptr(addr), driver.cuuint64_t(value),
+                                       driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT),
+           "cuStreamWriteValue64")
+
+
 def device_arch(device_index: int | None = None) -> str:
     """The build arch for a CUDA device, e.g. '90a' for H100/H200 (wgmma kernels need the 'a' target)."""
     import torch
@@ -91,6 +101,27 @@ class Kernel:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(driver.cuKernelSetAttribute(attr, smem, self._handle, dev), f"raise smem of {self.name}")
             self._smem_set = smem
+
+    def max_active_clusters(self, block: Sequence[int], smem: int, cluster: Sequence[int]) -> int | None:
+        """How many clusters of this kernel the driver can keep resident at once in this context (MPS share
+        included), or None where it cannot say: persistent grids larger than this would not all run at once."""
+        driver = _driver()
+        self._set_smem(smem)
+        try:
+            func = _check(driver.cuKernelGetFunction(self._handle), f"cuKernelGetFunction({self.name})")
+            cfg = driver.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = tuple(cluster) + (1,) * (3 - len(cluster))
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = tuple(block) + (1,) * (3 - len(block))
+            cfg.sharedMemBytes = smem
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
+            cfg.attrs = [a]
+            cfg.numAttrs = 1
+            n = _check(driver.cuOccupancyMaxActiveClusters(func, cfg), f"cuOccupancyMaxActiveClusters({self.name})")
+        except RuntimeError:
+            return None
+        return int(n) if n else None
 
     def launch(self, args: ArgBlock, grid: Sequence[int] | int, block: Sequence[int] | int, *, smem: int = 0,
                stream=None, cluster: Sequence[int] | None = None) -> None:

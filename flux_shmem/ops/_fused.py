@@ -1,16 +1,23 @@
-"""What AllGatherGEMM and GEMMReduceScatter share: argument checks, their CUTLASS kernels, SM split, tile orders."""
+"""What AllGatherGEMM and GEMMReduceScatter share: argument checks, their CUTLASS kernels, the SM budget and its
+split between GEMM and communication, tile orders, and the per-M call plan chosen with the simulator."""
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Optional
 
 import torch
 
 from ..kernels import gemm as kgemm
-from ..runtime.bootstrap import get_runtime
-from ._schedule import m_tile_order
-from ._validate import check_dtype, check_tensor, positive
+from ..runtime import pacing
+from ..runtime.state import get_runtime
+from ..runtime.sm_budget import sm_budget
+from . import simulate
+from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 MODES = ("auto", "fused", "decomposed")
+# One Hopper SM's dense bf16/fp16 rate as our GEMM reaches it (about 690 TFLOP/s on 132 H200 SMs): only the ratio
+# of GEMM to communication time matters to the choices made with it.
+TFLOPS_PER_SM = 5.2
 
 
 def b_layout_of(b: torch.Tensor) -> str:
@@ -23,14 +30,35 @@ def b_layout_of(b: torch.Tensor) -> str:
                      "b.contiguous()")
 
 
+@dataclasses.dataclass
+class CallPlan:
+    """How a call with M = m runs, chosen once per m (the same on every PE: a pure function of shared inputs)."""
+
+    path: str                       # 'fused', 'decomposed' or 'gemm' (one PE)
+    engine: str                     # 'sm' (a comm kernel) or 'ce' (copy engines) on the fused path
+    comm_blocks: int                # thread blocks of the communication kernel
+    gemm_sms: int                   # persistent GEMM CTAs of the fused path
+    swizzle: int                    # scheduler swizzle of the fused path
+    order: Optional[torch.Tensor]   # M-tile order table of the fused path
+    predicted: Optional[simulate.Result]
+    reason: str
+
+    def describe(self) -> str:
+        p = self.predicted
+        model = "" if p is None else (f", predicted fused {p.fused_us:.0f} us vs decomposed {p.decomposed_us:.0f} "
+                                      f"us ({100 * p.hidden:.0f}% of {p.comm_us:.0f} us comm hidden)")
+        return (f"{self.path} (engine={self.engine}, comm_blocks={self.comm_blocks}, gemm_sms={self.gemm_sms}, "
+                f"swizzle={self.swizzle}"
+                f"{model}; {self.reason})")
+
+
 class FusedGEMM:
-    """Base of the fused ops: validated dimensions, one CUTLASS kernel per B layout, the SMs left to the GEMM when a
-    communication kernel runs beside it, and the per-M tile-order tables."""
+    """Base of the fused ops: validated dimensions, one CUTLASS kernel per B layout, the SM budget of this context
+    (MPS share, green context) split between the GEMM and the communication kernel, and per-M call plans."""
 
     family = ""
-    segment_order: Callable[[int, int, int], list[int]]
 
-    def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype, mode: str, comm_blocks: int):
+    def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype, mode: str, comm_blocks: Optional[int]):
         rt = self.rt = get_runtime()
         name = type(self).__name__
         self.max_m, self.n, self.k = positive("max_m", max_m), positive("n", n), positive("k", k)
@@ -44,37 +72,73 @@ class FusedGEMM:
         if max_m % rt.world_size:
             raise ValueError(f"max_m = {max_m} must be a multiple of the world size {rt.world_size}")
         self.dtype, self.mode = dtype, mode
+        self.comm_blocks = positive("comm_blocks", comm_blocks) if comm_blocks is not None else None
         self._gemms = {lay: kgemm.CutlassGemm(self.family, dtype, lay) for lay in kgemm.B_LAYOUTS}
         self.tile_m, self.tile_n = self._gemms["kn"].tile_shape
-        self.sms = torch.cuda.get_device_properties(rt.device).multi_processor_count
-        cluster_m = self._gemms["kn"].cluster_shape[0]
-        self.gemm_sms = max(cluster_m, (self.sms - positive("comm_blocks", comm_blocks)) // cluster_m * cluster_m)
-        self.comm_stream = torch.cuda.Stream(device=rt.device)
-        self._orders: dict[int, torch.Tensor] = {}
+        self.cluster_m = self._gemms["kn"].cluster_shape[0]
+        self.budget = sm_budget(rt.device)
+        self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
+        if self.sms < self.cluster_m:
+            raise ValueError(f"{name}: this context may use {self.budget.sms} SM(s) ({self.budget.source}), fewer "
+                             f"than one {self.cluster_m}-CTA cluster: raise CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        # The comm kernel is launched first and on a high-priority stream, so that its blocks are scheduled ahead
+        # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
+        lo, _hi = torch.cuda.Stream.priority_range()
+        self.comm_stream = torch.cuda.Stream(device=rt.device, priority=lo)
+        self.emulation = pacing.emulation()
+        self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(
+            self.emulation.gbps, self.emulation.latency_us, self.emulation.ib_gbps, self.emulation.ib_latency_us)
+        self._plans: dict[int, CallPlan] = {}
+
+    # ---------------------------------------------------------------------------------------------------------
+    def gemm_model(self, k: int) -> simulate.Gemm:
+        return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, self.tile_m, self.tile_n, self.cluster_m)
+
+    def split(self, m: int) -> tuple[simulate.Split, simulate.Result]:
+        """The simulator's choice of engine and SM split for a fused call with M = m, and its prediction."""
+        raise NotImplementedError
+
+    def call_plan(self, m: int) -> CallPlan:
+        """How a call with M = m runs: path, engine, SM split, swizzle, tile order (cached per m). The split (and
+        engine, where there is a choice) is the one the simulator predicts fastest; mode 'auto' fuses when that
+        prediction beats the decomposed path."""
+        if m in self._plans:
+            return self._plans[m]
+        rt = self.rt
+        not_capturing(f"{type(self).__name__} with M = {m}")
+        if rt.world_size == 1:
+            plan = CallPlan("gemm", "sm", 0, self.sms, self.swizzle_plain(m), None, None,
+                            "one PE: nothing to communicate")
+        else:
+            try:
+                sp, r = self.split(m)
+            except simulate.NoSplit:
+                if self.mode == "fused":
+                    raise ValueError(f"{type(self).__name__}: the fused path needs comm_blocks + {self.cluster_m} "
+                                     f"SMs beside each other; this context may use {self.budget.sms} "
+                                     f"({self.budget.source}): raise the MPS share or lower comm_blocks") from None
+                plan = CallPlan("decomposed", "sm", self.comm_blocks or 1, self.sms, self.swizzle_plain(m), None,
+                                None, f"the SM budget ({self.budget.sms}) leaves no room for a GEMM beside the "
+                                      "comm kernel")
+            else:
+                if self.mode != "auto":
+                    path, why = self.mode, f"mode={self.mode}"
+                else:
+                    path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
+                    why = "auto: the simulator's prediction"
+                order = torch.tensor(r.detail["order"][rt.rank], dtype=torch.int32, device=f"cuda:{rt.device}")
+                plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why)
+        self._plans[m] = plan
+        return plan
 
     def path(self, m: int) -> str:
         """'fused' or 'decomposed' (or 'gemm' with one PE, where there is nothing to communicate): what a call
-        with M = m runs ('auto' fuses when the GEMM has at least two waves of tiles to hide communication behind)."""
-        if self.rt.world_size == 1:
-            return "gemm"
-        if self.mode != "auto":
-            return self.mode
-        tiles = -(-m // self.tile_m) * -(-self.n // self.tile_n)
-        return "fused" if tiles >= 2 * self.sms else "decomposed"
+        with M = m runs."""
+        return self.call_plan(m).path
 
-    def swizzle(self, m: int, fused: bool) -> int:
-        """Scheduler swizzle for M = m; fused calls keep each group of M-tiles inside one shard (segment)."""
-        shard_tiles = -(-(m // self.rt.world_size) // self.tile_m) if fused else None
-        return self._gemms["kn"].swizzle(m, shard_tiles)
-
-    def order(self, m: int) -> torch.Tensor:
-        """Device table of M-tiles in this PE's visiting order for M = m (cached per m)."""
-        if m not in self._orders:
-            rt = self.rt
-            segs = type(self).segment_order(rt.rank, rt.world_size, rt.node_size)
-            self._orders[m] = torch.tensor(m_tile_order(segs, m, m // rt.world_size, self.tile_m),
-                                           dtype=torch.int32, device=f"cuda:{rt.device}")
-        return self._orders[m]
+    def swizzle_plain(self, m: int) -> int:
+        """Scheduler swizzle of a GEMM without communication."""
+        return self._gemms["kn"].swizzle(m)
 
     def check_operands(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, what: str) -> str:
         """Validate a [*, k], b [k, n] (either layout) and bias [n]; returns b's layout."""

@@ -35,3 +35,11 @@ def positive(name: str, v: int) -> int:
     if int(v) != v or v <= 0:
         raise ValueError(f"{name} must be a positive integer, got {v!r}")
     return int(v)
+
+
+def not_capturing(what: str) -> None:
+    """Schedule tables are made and copied to the device on a shape's first call: not possible inside CUDA-graph
+    capture, so say how to fix it instead of failing inside torch."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what} runs for the first time inside CUDA-graph capture: call it once with the same "
+                           "shapes before capturing (its schedule tables are made and uploaded on first use)")

@@ -4,17 +4,21 @@ Two engines run at once: the all-gather on a side stream, pushing each shard chu
 signal per (source PE, chunk), either with a kernel on a few SMs (csrc/collectives.cu, engine 'sm') or with the
 copy engines (engine 'ce', one NVLink domain); and the CUTLASS GEMM (csrc/ag_gemm.cu) on the current stream with
 the other SMs, whose TMA producer waits for the signal of the chunk holding a tile's rows before loading it.
-Tiles are visited local shard first, then node peers, then other nodes.
+The GEMM visits M-tiles in the order their rows are predicted to arrive (`_schedule.ag_tile_order` on the
+simulator's arrivals), and each scheduler swizzle group stays inside one chunk, so it consumes what has landed.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
 from ..kernels import gemm as kgemm
 from ..runtime import signals, symmetric
+from . import simulate
 from ._fused import FusedGEMM
-from ._schedule import ag_segment_order
 from ._validate import positive
+from ._schedule import fused_chunk_rows
 from .all_gather import AllGather
 
 
@@ -24,54 +28,73 @@ class AllGatherGEMM(FusedGEMM):
     Built once per (max_m, n, k, dtype) (collective), called on torch's current stream. `n` is this PE's column
     count (N / world in tensor parallelism). b may be row-major [k, n] or a transposed [n, k] weight (w.t()).
     mode: 'fused' (one overlapped kernel pair), 'decomposed' (all-gather, then GEMM on all SMs) or 'auto'
-    (fused unless the GEMM is too small to hide anything). `chunk_rows` sets the signal granularity.
-    engine: 'sm' (default) moves data with a gather kernel on `comm_blocks` SMs (NVLink stores inside a node,
-    NVSHMEM puts across nodes); 'ce' moves it with the copy engines (one NVLink domain only), so the GEMM keeps
-    all SMs but one.
+    (fused when the simulator predicts it faster; repr says why). `chunk_rows` sets the signal granularity.
+    engine: 'sm' moves data with a gather kernel on `comm_blocks` SMs (NVLink stores inside a node, NVSHMEM puts
+    across nodes; default comm_blocks: the split the simulator predicts fastest); 'ce' moves it with the copy
+    engines (one NVLink domain only), so the GEMM keeps all SMs but one; 'auto' (default) takes whichever the
+    simulator predicts faster for each M ('sm' where the copy engines cannot serve: several nodes, forced puts,
+    link emulation).
     """
 
     family = "ag_gemm"
-    segment_order = staticmethod(ag_segment_order)
-
-    ENGINES = ("sm", "ce")
+    ENGINES = ("auto", "sm", "ce")
+    COMM_CANDIDATES = (2, 4, 8, 16)
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
-                 chunk_rows: int | None = None, comm_blocks: int = 8, engine: str = "sm"):
+                 chunk_rows: int | None = None, comm_blocks: Optional[int] = None, engine: str = "auto"):
         if engine not in self.ENGINES:
             raise ValueError(f"engine must be one of {self.ENGINES} ('sm': a gather kernel on comm_blocks SMs; "
-                             f"'ce': copy engines, one NVLink domain only), got {engine!r}")
+                             f"'ce': copy engines, one NVLink domain only; 'auto': the faster), got {engine!r}")
         self.engine = engine
-        # The copy engines need no SMs; one is left for the barrier kernel that runs beside the persistent GEMM.
-        super().__init__(max_m, n, k, dtype, mode, comm_blocks if engine == "sm" else 1)
-        W = self.rt.world_size
-        ms = max_m // W
-        if chunk_rows is None:  # about four chunks per shard, in whole tiles
-            quarter = -(-ms // 4)
-            chunk_rows = min(ms, -(-quarter // self.tile_m) * self.tile_m)
-        self.ag = AllGather(ms, k, dtype, chunk_rows=chunk_rows, comm_blocks=positive("comm_blocks", comm_blocks))
-        symmetric.agree("AllGatherGEMM(max_m, n, k, dtype, mode, engine)", (max_m, n, k, str(dtype), mode, engine))
-        if engine == "ce" and not self.ag.ce_capable:
+        super().__init__(max_m, n, k, dtype, mode, comm_blocks)
+        rt = self.rt
+        W = rt.world_size
+        one_domain = rt.node_size == W and all(rt.is_reachable(p) for p in range(W))
+        if engine == "ce" and not one_domain:
             raise ValueError("AllGatherGEMM(engine='ce') needs every PE in one NVLink domain (one node, no "
                              "FLUX_SHMEM_FORCE_PUT); use engine='sm', which also crosses nodes")
+        if engine == "ce" and self.emulation is not None:
+            raise ValueError("link emulation (FLUX_SHMEM_LINK_GBPS) paces the SM engine only; the copy engines "
+                             "cannot be paced: use engine='sm' or unset FLUX_SHMEM_LINK_GBPS")
+        self._engines = {"sm": ["sm"], "ce": ["ce"]}.get(engine) or \
+            (["ce", "sm"] if one_domain and self.emulation is None and W > 1 else ["sm"])
+        ms = max_m // W
+        if chunk_rows is None:
+            chunk_rows = fused_chunk_rows(ms, k * torch.empty((), dtype=dtype).element_size(), self.tile_m)
+        self.ag = AllGather(ms, k, dtype, chunk_rows=chunk_rows,
+                            comm_blocks=self.comm_blocks or max(simulate.AG_COMM_BLOCKS),
+                            copy_engine="ce" in self._engines)
+        symmetric.agree("AllGatherGEMM(max_m, n, k, dtype, mode, engine, comm_blocks)",
+                        (max_m, n, k, str(dtype), mode, engine, comm_blocks))
 
     def __repr__(self) -> str:
         return (f"AllGatherGEMM(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, mode={self.mode}, "
                 f"world={self.rt.world_size}, node_size={self.rt.node_size}, tile={self.tile_m}x{self.tile_n}, "
-                f"chunk_rows={self.ag.chunk_rows}, engine={self.engine}, gemm_sms={self.gemm_sms}, "
-                f"comm_blocks={self.ag.comm_blocks if self.engine == 'sm' else 0}, "
-                f"path at max_m: {self.path(self.max_m)})")
+                f"chunk_rows={self.ag.chunk_rows}, engine={self.engine}, sm_budget={self.budget.sms} "
+                f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
+
+    # ---------------------------------------------------------------------------------------------------------
+    def split(self, m: int) -> tuple[simulate.Split, simulate.Result]:
+        rt = self.rt
+        return simulate.plan_ag_gemm(
+            world=rt.world_size, node_size=rt.node_size, m=m, n=self.n, k=self.k,
+            elem_bytes=self.ag.gather.element_size(), gemm=self.gemm_model(self.k), budget_sms=self.budget.sms,
+            chunk_rows=self.ag.chunk_rows, links=self.links, engines=self._engines, comm_blocks=self.comm_blocks,
+            decomposed_comm_blocks=self.ag.comm_blocks, pes=[rt.rank])
 
     def _gemm(self, layout: str, a_ptr: int, b: torch.Tensor, out: torch.Tensor, bias, m: int, *, wait: bool,
-              sm_count: int, order: torch.Tensor | None) -> None:
+              sm_count: int, order: torch.Tensor | None, swizzle: int, engine: str = "sm") -> None:
         ag = self.ag
         ms = max(1, m // self.rt.world_size)
+        # The copy-engine flags are set to 1 (then zeroed by their owner); the SM engine's to the epoch.
+        target = ag.one if engine == "ce" else ag.sync.epoch
+        flags = ag.ce_flags if engine == "ce" else ag.flags
         args = kgemm.FsAgGemmArgs(
             m=m, n=self.n, k=self.k, a=a_ptr, b=b.data_ptr(), d=out.data_ptr(),
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=self.rt.device,
-            chunk_flags=ag.flags.data_ptr(), epoch=ag.sync.epoch.data_ptr(), rows_per_shard=ms,
+            chunk_flags=flags.data_ptr(), epoch=target.data_ptr(), rows_per_shard=ms,
             chunk_rows=ag.chunk_rows, chunks_per_shard=-(-ms // ag.chunk_rows), wait=int(wait),
-            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=self.swizzle(m, fused=wait),
-            ctx=signals.ctx())
+            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx())
         self._gemms[layout].launch(args)
 
     def __call__(self, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -89,31 +112,38 @@ class AllGatherGEMM(FusedGEMM):
         out = torch.empty((m, self.n), dtype=self.dtype, device=a_shard.device)
         main = torch.cuda.current_stream()
         ag = self.ag
-        if self.path(m) == "fused":
+        plan = self.call_plan(m)
+        if plan.path == "fused":
             self.comm_stream.wait_stream(main)
-            if self.engine == "ce":
+            if plan.engine == "ce":
                 ag.launch_ce(a_shard, stream=self.comm_stream)
             else:
-                ag.launch(a_shard, stream=self.comm_stream, wait_all=False)
+                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks)
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
-            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=self.gemm_sms,
-                       order=self.order(m))
+            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,
+                       order=plan.order, swizzle=plan.swizzle, engine=plan.engine)
             main.wait_stream(self.comm_stream)
+            if plan.engine == "ce":
+                ag.ce_done(main)
         else:
             ag.launch(a_shard, stream=main, wait_all=True)
-            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=self.sms, order=None)
+            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=self.sms, order=None,
+                       swizzle=self.swizzle_plain(m))
         ag.sync.bump(main)
         if return_gathered:
             return out, ag.gather[:m].clone()
         return out
 
-    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The same GEMM on an already gathered a [m, k], all SMs, no communication: the honest baseline."""
+    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  sm_count: Optional[int] = None) -> torch.Tensor:
+        """The same GEMM on an already gathered a [m, k], no communication, on the whole SM budget (or
+        `sm_count` CTAs, e.g. a fused call's gemm_sms): the honest baseline."""
         layout = self.check_operands(a, b, bias, "AllGatherGEMM.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
-        self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=self.sms, order=None)
+        self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sm_count or self.sms, order=None,
+                   swizzle=self.swizzle_plain(m))
         return out

@@ -1,17 +1,18 @@
 """AllGather: out = all_gather(x, dim=0) over symmetric memory, chunk by chunk with one signal per chunk.
 
-The same engine (csrc/collectives.cu, fs_all_gather) feeds AllGatherGEMM; here it runs alone.
+The same engine (csrc/collectives.cu fs_all_gather, walking the plan of `_schedule.ag_plan`) feeds AllGatherGEMM;
+here it runs alone. `launch_ce` is the copy-engine variant for one NVLink domain.
 """
 from __future__ import annotations
 
 import torch
 
 from ..kernels import abi
-from ..kernels.module import copy_async, load
-from ..runtime import signals, symmetric
-from ..runtime.bootstrap import get_runtime
-from ._schedule import ag_ce_copies
-from ._validate import check_dtype, check_tensor, positive
+from ..kernels.module import copy_async, load, write_value_async
+from ..runtime import pacing, signals, symmetric
+from ..runtime.state import get_runtime
+from ._schedule import ag_ce_copies, ag_plan, plan_table
+from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -28,11 +29,11 @@ class AllGather:
 
     Built once for shards of up to `max_rows` rows (collective: allocates symmetric buffers), then called like a
     function on torch's current stream. `chunk_rows` sets the signal granularity; `comm_blocks` how many thread
-    blocks move data.
+    blocks move data. `copy_engine=True` also allocates the flags of the copy-engine path (`launch_ce`).
     """
 
     def __init__(self, max_rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, *,
-                 chunk_rows: int | None = None, comm_blocks: int = 16):
+                 chunk_rows: int | None = None, comm_blocks: int = 16, copy_engine: bool = False):
         self.rt = get_runtime()
         self.max_rows, self.cols = positive("max_rows", max_rows), positive("cols", cols)
         check_dtype("AllGather", dtype, _DTYPES)
@@ -40,15 +41,21 @@ class AllGather:
         elem = torch.empty((), dtype=dtype).element_size()
         self.chunk_rows = positive("chunk_rows", chunk_rows) if chunk_rows is not None else \
             default_chunk_rows(max_rows, cols, elem, self.rt.world_size, comm_blocks)
-        symmetric.agree("AllGather(max_rows, cols, dtype, chunk_rows, comm_blocks)",
-                        (self.max_rows, self.cols, str(dtype), self.chunk_rows, self.comm_blocks))
+        symmetric.agree("AllGather(max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine)",
+                        (self.max_rows, self.cols, str(dtype), self.chunk_rows, self.comm_blocks, copy_engine))
         W = self.rt.world_size
         self.max_chunks = -(-self.max_rows // self.chunk_rows)
         self.gather = symmetric.empty((W * self.max_rows, self.cols), dtype)
         self.flags = symmetric.zeros((W * self.max_chunks,), torch.int64)
+        # Copy-engine flags hold 1 (set by a write-value operation after the data) and are zeroed by their owner
+        # at the end of each call; a separate array, so that the epoch values of the SM engine never satisfy them.
+        self.ce_flags = symmetric.zeros((W * self.max_chunks,), torch.int64) if copy_engine else None
+        self.one = torch.ones(1, dtype=torch.int64, device=f"cuda:{self.rt.device}")  # the CE flags' target
         self.sync = signals.SyncState(self.rt)
         self._kernel = load("collectives").kernel("fs_all_gather")
-        self._peers: list[tuple[int, int]] | None = None  # (gather, flags) addresses per PE, for launch_ce
+        self._plans: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._peers: list[tuple[int, int]] | None = None  # (gather, ce_flags) addresses per PE, for launch_ce
+        self.pace = pacing.pace(self.rt.device)
 
     @property
     def ce_capable(self) -> bool:
@@ -56,46 +63,73 @@ class AllGather:
         rt = self.rt
         return rt.node_size == rt.world_size and all(rt.is_reachable(p) for p in range(rt.world_size))
 
+    def plan(self, rows: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Device tables of `ag_plan` for shards of `rows` rows on `blocks` blocks (cached): (units, offsets,
+        blocks that have work)."""
+        key = (rows, blocks)
+        if key not in self._plans:
+            not_capturing(f"{type(self).__name__} with {rows} rows")
+            rt = self.rt
+            chunks = -(-rows // self.chunk_rows)
+            per_block = [b for b in ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks) if b] or [[]]
+            flat, offsets = plan_table(per_block)
+            dev = f"cuda:{rt.device}"
+            self._plans[key] = (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=dev),
+                                torch.tensor(offsets, dtype=torch.int32, device=dev), len(per_block))
+        return self._plans[key]
+
     def launch_ce(self, x: torch.Tensor, stream) -> torch.Tensor:
         """Copy-engine variant of `launch(x, stream, wait_all=False)`, for one NVLink domain: after a barrier
-        (every PE is past its previous call, so no one still reads the data about to be replaced; one block),
-        each chunk of x is copied by DMA into every PE's gather buffer, own buffer first, then an 8-byte DMA copy of
-        this PE's epoch word into that PE's flag of the chunk; stream order lands the flag after the data. No SM
-        moves data, so the GEMM beside it keeps all but the barrier's SMs."""
+        (every PE is past its previous call; one block), each chunk of x is copied by DMA into every PE's gather
+        buffer in the order of `ag_ce_copies`, each followed by a write-value operation that sets the chunk's flag
+        on that PE to 1. A write-value operation is preceded by a memory barrier for all prior work of its stream
+        (cuStreamWriteValue64 without CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER), so a peer that sees the flag sees
+        the data; its value is a constant, so CUDA-graph replays stay correct, and `ce_done` zeroes the flags
+        again. No SM moves data, so the GEMM beside it keeps all but the barrier's SMs."""
         rt = self.rt
         if not self.ce_capable:
             raise ValueError("the copy-engine all-gather needs every PE in one NVLink domain (one node, no "
                              "FLUX_SHMEM_FORCE_PUT): use engine='sm'")
+        if self.ce_flags is None:
+            raise ValueError("this AllGather was built without copy_engine=True")
         W, me = rt.world_size, rt.rank
         if self._peers is None:
-            self._peers = [(symmetric.peer(self.gather, p).data_ptr(), symmetric.peer(self.flags, p).data_ptr())
+            self._peers = [(symmetric.peer(self.gather, p).data_ptr(), symmetric.peer(self.ce_flags, p).data_ptr())
                            for p in range(W)]
         self.sync.barrier(stream)
         rows = x.shape[0]
-        epoch, src = self.sync.epoch.data_ptr(), x.data_ptr()
+        src = x.data_ptr()
         for cp in ag_ce_copies(me, W, rows, self.chunk_rows, self.cols * x.element_size()):
             gather, flags = self._peers[cp.dest]
             copy_async(gather + cp.offset, src + cp.src_offset, cp.nbytes, stream)
-            copy_async(flags + 8 * cp.flag, epoch, 8, stream)  # after the data, in stream order
+            write_value_async(flags + 8 * cp.flag, 1, stream)
         return self.gather[: W * rows]
+
+    def ce_done(self, stream) -> None:
+        """After this PE's consumer of a `launch_ce` call: zero its copy-engine flags for the next call (peers
+        write them again only after this PE's next barrier arrival, which follows on the same stream)."""
+        with torch.cuda.stream(stream):
+            self.ce_flags.zero_()
 
     def __repr__(self) -> str:
         return (f"AllGather(max_rows={self.max_rows}, cols={self.cols}, dtype={self.dtype}, world="
                 f"{self.rt.world_size}, chunk_rows={self.chunk_rows}, node_size={self.rt.node_size})")
 
-    def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True) -> torch.Tensor:
-        """Gather x on `stream` into the internal symmetric buffer (returned). wait_all=False: the kernel ends
-        once this PE's data is sent; consumers then wait on `flags` themselves (the fused GEMM does)."""
+    def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True, blocks: int | None = None
+               ) -> torch.Tensor:
+        """Gather x on `stream` into the internal symmetric buffer (returned), on `blocks` thread blocks (default
+        comm_blocks). wait_all=False: the kernel ends once this PE's data is sent; consumers then wait on `flags`
+        themselves (the fused GEMM does)."""
         rows = x.shape[0]
         elem = x.element_size()
         chunks = -(-rows // self.chunk_rows)
+        units, offsets, grid = self.plan(rows, blocks or self.comm_blocks)
         args = abi.AgArgs(ctx=signals.ctx(), src=x.data_ptr(), gather=self.gather.data_ptr(),
                           flags=self.flags.data_ptr(), bar=self.sync.bar.data_ptr(),
-                          epoch=self.sync.epoch.data_ptr(), shard_bytes=rows * self.cols * elem,
-                          chunk_bytes=self.chunk_rows * self.cols * elem, chunks=chunks,
-                          node_size=self.rt.node_size, wait_all=int(wait_all))
-        units = chunks * self.rt.world_size
-        self._kernel.launch(args, min(self.comm_blocks, units), 512, stream=stream)
+                          epoch=self.sync.epoch.data_ptr(), units=units.data_ptr(), block_begin=offsets.data_ptr(),
+                          shard_bytes=rows * self.cols * elem, chunk_bytes=self.chunk_rows * self.cols * elem,
+                          chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace)
+        self._kernel.launch(args, grid, 512, stream=stream)
         return self.gather[: self.rt.world_size * rows]
 
     def check(self, x: torch.Tensor) -> None:

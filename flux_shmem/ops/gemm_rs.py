@@ -2,19 +2,24 @@
 
 The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symmetric buffer and counts finished
 tiles per M-tile; the reduce-scatter engine (csrc/collectives.cu), started first on a side stream with a few SMs,
-sums each segment's rows as soon as every PE of the node has finished them (NVLink loads), and across nodes sends
-node partials by put-with-signal. Tiles are computed remote segments first, own segment last.
+sums each unit of rows as soon as the node's PEs have finished it (NVLink loads), and across nodes sends node
+partials by put-with-signal. The PEs of a node compute in a common order (`_schedule.rs_tile_order`: other nodes'
+segments, then their own node's interleaved by M-tile, each PE its own segment last), so reductions run through
+the whole GEMM and only the own partial, local, is added at the end.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
 from ..kernels import gemm as kgemm
 from ..runtime import signals, symmetric
+from . import simulate
 from ._fused import FusedGEMM
-from ._schedule import rs_segment_order
 from ._validate import positive
-from .reduce_scatter import ReduceEngine, default_unit_rows
+from ._schedule import default_unit_rows
+from .reduce_scatter import ReduceEngine
 
 
 class GEMMReduceScatter(FusedGEMM):
@@ -23,14 +28,15 @@ class GEMMReduceScatter(FusedGEMM):
     `k` is this PE's share of the reduction dimension (K / world in tensor parallelism). Built once per
     (max_m, n, k, dtype) (collective), called on torch's current stream. b may be row-major [k, n] or a
     transposed [n, k] weight. mode: 'fused', 'decomposed' (GEMM on all SMs, then the reduce-scatter) or 'auto'
-    (fused unless the GEMM is too small to hide anything; the choice shows in repr).
+    (fused when the simulator predicts it faster; the choice shows in repr). comm_blocks: SMs of the reduce
+    kernel (default: the split the simulator predicts fastest).
     """
 
     family = "gemm_rs"
-    segment_order = staticmethod(rs_segment_order)
+    COMM_CANDIDATES = (4, 8, 16, 24)
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
-                 unit_rows: int | None = None, comm_blocks: int = 16):
+                 unit_rows: int | None = None, comm_blocks: Optional[int] = None):
         super().__init__(max_m, n, k, dtype, mode, comm_blocks)
         rt = self.rt
         elem = torch.empty((), dtype=dtype).element_size()
@@ -39,16 +45,24 @@ class GEMMReduceScatter(FusedGEMM):
         symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks)",
                         (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks))
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
-                                   comm_blocks=positive("comm_blocks", comm_blocks))
+                                   comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS))
 
     def __repr__(self) -> str:
         return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
                 f"mode={self.mode}, world={self.rt.world_size}, node_size={self.rt.node_size}, "
-                f"tile={self.tile_m}x{self.tile_n}, unit_rows={self.engine.unit_rows}, gemm_sms={self.gemm_sms}, "
-                f"comm_blocks={self.engine.comm_blocks}, path at max_m: {self.path(self.max_m)})")
+                f"tile={self.tile_m}x{self.tile_n}, unit_rows={self.engine.unit_rows}, sm_budget={self.budget.sms} "
+                f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
+
+    def split(self, m: int) -> tuple[simulate.Split, simulate.Result]:
+        rt = self.rt
+        return simulate.plan_gemm_rs(
+            world=rt.world_size, node_size=rt.node_size, m=m, n=self.n, k=self.k,
+            elem_bytes=self.engine.partial.element_size(), gemm=self.gemm_model(self.k), budget_sms=self.budget.sms,
+            unit_rows=self.engine.unit_rows, links=self.links, comm_blocks=self.comm_blocks,
+            decomposed_comm_blocks=self.engine.comm_blocks)
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
-              wait_group: bool, sm_count: int, order: torch.Tensor | None) -> None:
+              wait_group: bool, sm_count: int, order: torch.Tensor | None, swizzle: int) -> None:
         rt, eng = self.rt, self.engine
         L = rt.node_size
         args = kgemm.FsGemmRsArgs(
@@ -56,8 +70,7 @@ class GEMMReduceScatter(FusedGEMM):
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
             rows_ready=eng.rows_ready.data_ptr() if counters else 0, bar=eng.sync.bar.data_ptr(),
             group_first=(rt.rank // L) * L, group_size=L if wait_group else 0, epoch=eng.sync.epoch.data_ptr(),
-            m_tile_order=order.data_ptr() if order is not None else 0,
-            swizzle=self.swizzle(m, fused=wait_group), ctx=signals.ctx())
+            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx())
         self._gemms[layout].launch(args)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,31 +86,35 @@ class GEMMReduceScatter(FusedGEMM):
         out = torch.empty((m // rt.world_size, self.n), dtype=self.dtype, device=a.device)
         tiles_n = -(-self.n // self.tile_n)
         main = torch.cuda.current_stream()
-        if self.path(m) == "fused":
+        plan = self.call_plan(m)
+        if plan.path == "fused":
             # The reduce engine starts first so it holds its SMs; the GEMM's first store waits for the node's
             # arrivals (peers done reading the previous call's partials), which the engine sends.
             self.comm_stream.wait_stream(main)
-            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream)
+            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
+                       blocks=plan.comm_blocks)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
-                       sm_count=self.gemm_sms, order=self.order(m))
+                       sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle)
             main.wait_stream(self.comm_stream)
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)
         else:
             eng.sync.barrier()  # every PE is past the previous call before this GEMM overwrites its partial
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
-                       sm_count=self.sms, order=None)
+                       sm_count=self.sms, order=None, swizzle=self.swizzle_plain(m))
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)
         eng.sync.bump(main)
         return out
 
-    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The same GEMM, all SMs, no communication, into a fresh [m, n] tensor: the honest baseline."""
+    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  sm_count: Optional[int] = None) -> torch.Tensor:
+        """The same GEMM, no communication, into a fresh [m, n] tensor, on the whole SM budget (or `sm_count`
+        CTAs): the honest baseline."""
         layout = self.check_operands(a, b, bias, "GEMMReduceScatter.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
-        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, wait_group=False, sm_count=self.sms,
-                   order=None)
+        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, wait_group=False,
+                   sm_count=sm_count or self.sms, order=None, swizzle=self.swizzle_plain(m))
         return out

@@ -2,7 +2,7 @@
 
 Inside a node, each PE pulls its rows from its peers by NVLink loads; across nodes, node partial sums travel by
 NVSHMEM put-with-signal to the PE with the same local index, which adds them in node order. The same engine
-(fs_reduce_scatter_*) finishes GEMMReduceScatter.
+(fs_reduce_scatter_*, walking the plan of `_schedule.rs_plan`) finishes GEMMReduceScatter.
 """
 from __future__ import annotations
 
@@ -10,19 +10,12 @@ import torch
 
 from ..kernels import abi
 from ..kernels.module import load
-from ..runtime import signals, symmetric
-from ..runtime.bootstrap import Runtime, get_runtime
-from ._validate import check_dtype, check_tensor, positive
+from ..runtime import pacing, signals, symmetric
+from ..runtime.state import Runtime, get_runtime
+from ._schedule import default_unit_rows, plan_table, rs_max_units, rs_plan
+from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def default_unit_rows(cols: int, elem: int, tile_m: int = 128) -> int:
-    """Rows per unit of work: a power of two dividing tile_m, about 128 KiB of one addend."""
-    rows = 1
-    while rows < tile_m and rows * 2 * cols * elem <= 128 * 1024:
-        rows *= 2
-    return rows
 
 
 class ReduceEngine:
@@ -37,7 +30,7 @@ class ReduceEngine:
         self.unit_rows, self.tile_m, self.comm_blocks = unit_rows, tile_m, comm_blocks
         self.nodes = W // L
         max_seg = -(-max_rows // W)
-        self.max_units = max_seg // unit_rows + 2
+        self.max_units = rs_max_units(max_seg, unit_rows)
         self.partial = symmetric.empty((max_rows, cols), dtype)
         two_level = self.nodes > 1
         # Node partials only exist with more than one node; keep the allocations symmetric either way.
@@ -45,20 +38,53 @@ class ReduceEngine:
         self.recv = symmetric.empty((self.nodes * max_seg if two_level else 1, cols), dtype)
         self.recv_sig = symmetric.zeros((self.nodes * self.max_units,), torch.int64)
         self.rows_ready = symmetric.zeros((-(-max_rows // tile_m),), torch.int64)
+        self.done = symmetric.zeros((W,), torch.int64)
         self.sync = signals.SyncState(rt)
+        dev = f"cuda:{rt.device}"
+        self.acc = torch.empty((max_seg if L > 1 else 1, cols), dtype=torch.float32, device=dev)
+        self.seen = torch.zeros((W * self.rows_ready.numel(),), dtype=torch.int64, device=dev)
+        self.exits = torch.zeros(2, dtype=torch.int64, device=dev)
         self._kernel = load("collectives").kernel(f"fs_reduce_scatter_{_DTYPES[dtype]}")
+        self._wait_done = load("collectives").kernel("fs_wait_done")
+        self._plans: dict[tuple[int, int, bool], tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self.pace = pacing.pace(rt.device)
+
+    def plan(self, rows: int, blocks: int, standalone: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+        key = (rows, blocks, standalone)
+        if key not in self._plans:
+            not_capturing(f"{type(self).__name__} with {rows} rows")
+            rt = self.rt
+            per_block = rs_plan(rt.rank, rt.world_size, rt.node_size, rows, self.unit_rows, self.tile_m, blocks,
+                                copy_rows=rows if standalone else 0)
+            per_block = [b for b in per_block if b] or [[]]
+            flat, offsets = plan_table(per_block)
+            dev = f"cuda:{rt.device}"
+            self._plans[key] = (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=dev),
+                                torch.tensor(offsets, dtype=torch.int32, device=dev), len(per_block))
+        return self._plans[key]
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
-               tiles_n: int, stream=None) -> None:
-        W = self.rt.world_size
+               tiles_n: int, stream=None, blocks: int | None = None) -> None:
+        W, L = self.rt.world_size, self.rt.node_size
+        items, offsets, grid = self.plan(rows, blocks or self.comm_blocks, src is not None)
         args = abi.RsArgs(ctx=signals.ctx(), src=src.data_ptr() if src is not None else 0,
                           partial=self.partial.data_ptr(), stage=self.stage.data_ptr(), recv=self.recv.data_ptr(),
                           recv_sig=self.recv_sig.data_ptr(), out=out.data_ptr(),
-                          bias=bias.data_ptr() if bias is not None else 0, rows_ready=self.rows_ready.data_ptr(),
-                          bar=self.sync.bar.data_ptr(), epoch=self.sync.epoch.data_ptr(), m=rows, n=self.cols,
-                          rows_per_shard=rows // W, tile_m=self.tile_m, tiles_n=tiles_n, unit_rows=self.unit_rows,
-                          node_size=self.rt.node_size, max_tiles_m=self.rows_ready.numel())
-        self._kernel.launch(args, self.comm_blocks, 512, stream=stream)
+                          bias=bias.data_ptr() if bias is not None else 0, acc=self.acc.data_ptr(),
+                          rows_ready=self.rows_ready.data_ptr(), seen=self.seen.data_ptr(),
+                          bar=self.sync.bar.data_ptr(), done=self.done.data_ptr(), exits=self.exits.data_ptr(),
+                          epoch=self.sync.epoch.data_ptr(), items=items.data_ptr(), block_begin=offsets.data_ptr(),
+                          m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tiles_n=tiles_n,
+                          unit_rows=self.unit_rows, node_size=L, max_tiles_m=self.rows_ready.numel(),
+                          max_units=self.max_units, pace=self.pace)
+        # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
+        self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
+
+    def wait_done(self, stream=None) -> None:
+        """Make `stream` wait until every PE of this node has finished reading this PE's previous input."""
+        args = abi.WaitDoneArgs(ctx=signals.ctx(), done=self.done.data_ptr(), epoch=self.sync.epoch.data_ptr(),
+                                node_size=self.rt.node_size)
+        self._wait_done.launch(args, 1, 32, stream=stream)
 
 
 class ReduceScatter:
@@ -89,7 +115,13 @@ class ReduceScatter:
                 f"{self.rt.world_size}, unit_rows={self.engine.unit_rows}, node_size={self.rt.node_size})")
 
     def input_buffer(self, rows: int) -> torch.Tensor:
-        """The symmetric input buffer, [rows, cols]: write x here to skip the copy of a private tensor."""
+        """The symmetric input buffer, [rows, cols]: write x here (on the current stream, after this call) and pass
+        it to the op to skip the copy of a private tensor. This call first makes the current stream wait until
+        every node peer has finished reading the previous call's input from it, so the writes cannot reach a
+        peer that is still summing (graph-capturable)."""
+        if not 0 < rows <= self.max_rows:
+            raise ValueError(f"rows={rows}: this op takes 1..{self.max_rows}")
+        self.engine.wait_done()
         return self.engine.partial[:rows]
 
     def __call__(self, x: torch.Tensor, *, bias: torch.Tensor | None = None) -> torch.Tensor:

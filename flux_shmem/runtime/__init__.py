@@ -1,2 +1,3 @@
-"""Runtime: bootstrap over MPI (bootstrap.py), node layout (topology.py), symmetric memory (symmetric.py),
-signals, barriers and device-side error reports (signals.py)."""
+"""Runtime, imports going downward only: topology.py (node layout), host.py (host collectives over MPI or
+torch.distributed, launcher detection), state.py (the Runtime and its getters) <- symmetric.py (symmetric memory)
+<- signals.py (signals, barrier, error reports) <- bootstrap.py (init / finalize)."""

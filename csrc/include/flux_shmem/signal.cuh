@@ -26,8 +26,9 @@ struct ErrorRecord {
 enum Site : int {
   kSiteBarrier = 1,      // arrival slot of a peer (index = peer PE)
   kSiteChunk = 2,        // all-gather chunk flag (index = source PE * chunks + chunk)
-  kSiteRows = 3,         // rows-ready counter of a GEMM m-tile (index = m-tile, on PE in `index2`)
-  kSiteRecv = 4,         // reduce-scatter receive signal (index = source node * tiles + tile)
+  kSiteRows = 3,         // rows-ready counter of a GEMM m-tile (GEMM epilogue: index = m-tile; reduce: PE * tiles + m-tile)
+  kSiteRecv = 4,         // reduce-scatter receive signal (index = source node * units + unit)
+  kSiteDone = 5,         // reduce-scatter "done reading my input" slot of a node peer (index = peer PE)
   kSiteTest = 9,         // test kernel
 };
 
@@ -62,6 +63,10 @@ __device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
 
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ void red_add_release_sys(uint64_t* p, uint64_t v) {

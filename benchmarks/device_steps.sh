@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Verification steps for one device call, each bounded in time, all logs packed into $OUT/steps_logs.tgz. The
+# overlap steps run several PEs at once under CUDA MPS, each on its share of the SMs, links emulated
+# (benchmarks/run.py --emulate-link).
+#   bash benchmarks/device_steps.sh STEP...
+# steps:
+#   check1          GPU checks with 1 PE (no MPS): runtime, collectives, gemm, hazards
+#   check2 / check4 GPU checks with 2 / 4 PEs under MPS: collectives, gemm, hazards, emulation
+#   soak2 / soak4   2,000 back-to-back fused calls per op under MPS
+#   put2            the gemm checks with 2 PEs, every peer through NVSHMEM put (FLUX_SHMEM_FORCE_PUT)
+#   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
+#   emuput2         the same with 2 PEs and forced puts
+#   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
+#   nnput2          nn checks with 2 PEs and forced puts
+#   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2
+#   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
+# Each step is bounded by STEP_TIMEOUT seconds (default 240) and the next one runs whatever happened.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-$PWD/.device_out}; mkdir -p "$FINAL"
+export OUT=/tmp/steps_logs; rm -rf "$OUT"; mkdir -p "$OUT"  # everything, packed into one file at the end
+T=${STEP_TIMEOUT:-240}
+S=benchmarks/gpu_session.sh
+# Per-GPU GEMMs like Llama-3-70B at TP8 (up 8192x3584x8192, QKV 8192x1280x8192, down 8192x8192x3584), as global
+# shapes for W PEs (AG splits N, RS splits K), and M = 4096 variants.
+ag_shapes() { local w=$1; echo "8192x$((3584 * w))x8192,4096x$((3584 * w))x8192,8192x$((1280 * w))x8192"; }
+rs_shapes() { local w=$1; echo "8192x8192x$((3584 * w)),4096x8192x$((3584 * w)),8192x8192x$((1024 * w))"; }
+emu() {  # emu NP [extra run.py args]
+  local np_=$1; shift
+  timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops ag_gemm --shapes "$(ag_shapes "$np_")" \
+    --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_ag$*.jsonl" "$@" | tail -25
+  timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops gemm_rs --shapes "$(rs_shapes "$np_")" \
+    --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_rs$*.jsonl" "$@" | tail -25
+}
+for step in "$@"; do
+  echo "===== $step $(date +%T)"
+  case $step in
+    check1) timeout "$T" bash $S checks 1 runtime collectives gemm hazards | grep -E "CHECK|Error|error" ;;
+    check2) timeout "$T" bash $S mps checks 2 collectives gemm hazards emulation | grep -E "CHECK|Error|error|assert" ;;
+    check4) timeout "$T" bash $S mps checks 4 collectives gemm hazards | grep -E "CHECK|Error|error|assert" ;;
+    soak2) FLUX_SHMEM_SOAK_CALLS=2000 timeout "$T" bash $S mps checks 2 soak | grep -E "CHECK|Error|error|assert" ;;
+    soak4) FLUX_SHMEM_SOAK_CALLS=2000 timeout "$T" bash $S mps checks 4 soak | grep -E "CHECK|Error|error|assert" ;;
+    put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 gemm | grep -E "CHECK|Error|error|assert" ;;
+    emu2) emu 2 ;;
+    emu4) emu 4 ;;
+    emuput2) emu 2 --force-put ;;
+    nn1) timeout "$T" bash $S checks 1 nn | grep -E "CHECK|Error|error|assert" ;;
+    nn2) timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;
+    nnput2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;
+    torchrun) timeout "$T" bash $S tests -k torchrun | tail -30 ;;
+    block2) timeout "$T" bash $S block 2 --quick | tail -30 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "===== done $(date +%T)"
+tar czf "$FINAL/steps_logs.tgz" -C "$OUT" . && ls -la "$OUT"

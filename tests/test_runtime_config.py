@@ -1,0 +1,57 @@
+"""What the runtime reads from the machine and the environment, without a GPU: the SM budget of the context, the
+link emulation settings, the default timeout."""
+from __future__ import annotations
+
+import pytest
+
+from flux_shmem.runtime import pacing
+from flux_shmem.runtime.sm_budget import budget_from
+
+
+def test_sm_budget_sources_in_order():
+    assert budget_from(132) == budget_from(132, mps_percentage=None)
+    assert budget_from(132).sms == 132 and budget_from(132).source == "device"
+    b = budget_from(132, mps_percentage="50")
+    assert (b.sms, b.share) == (66, 0.5) and "MPS" in b.source
+    assert budget_from(132, mps_percentage="25").sms == 32  # whole TPCs, rounded down: never oversubscribe
+    assert budget_from(132, mps_percentage="1").sms == 2
+    assert budget_from(132, affinity_sms=40, mps_percentage="50").sms == 40  # the driver's answer wins
+    assert budget_from(132, affinity_sms=132, mps_percentage="50").sms == 66  # no restriction reported
+    assert budget_from(132, override="100", affinity_sms=40).sms == 100
+    for bad in ("0", "133", "x"):
+        with pytest.raises(ValueError, match="FLUX_SHMEM_SMS"):
+            budget_from(132, override=bad)
+    with pytest.raises(ValueError, match="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        budget_from(132, mps_percentage="150")
+
+
+def test_link_emulation_settings():
+    assert pacing.emulation_from({}) is None
+    em = pacing.emulation_from({"FLUX_SHMEM_LINK_GBPS": "180"})
+    assert (em.gbps, em.latency_us, em.ib_gbps, em.ib_latency_us) == (180.0, 1.5, 180.0, 1.5)
+    em = pacing.emulation_from({"FLUX_SHMEM_LINK_GBPS": "180", "FLUX_SHMEM_LINK_LATENCY_US": "2",
+                                "FLUX_SHMEM_IB_GBPS": "20", "FLUX_SHMEM_IB_LATENCY_US": "6"})
+    assert (em.gbps, em.latency_us, em.ib_gbps, em.ib_latency_us) == (180.0, 2.0, 20.0, 6.0)
+    assert "between nodes 20 GB/s" in em.describe()
+    for env, word in (({"FLUX_SHMEM_LINK_GBPS": "0"}, "> 0"), ({"FLUX_SHMEM_LINK_GBPS": "fast"}, "not a number"),
+                      ({"FLUX_SHMEM_IB_GBPS": "20"}, "FLUX_SHMEM_LINK_GBPS"),
+                      ({"FLUX_SHMEM_LINK_LATENCY_US": "2"}, "without FLUX_SHMEM_LINK_GBPS")):
+        with pytest.raises(ValueError, match=word):
+            pacing.emulation_from(env)
+    p = pacing.pace_struct(pacing.emulation_from({"FLUX_SHMEM_LINK_GBPS": "100", "FLUX_SHMEM_IB_GBPS": "25"}), 4096)
+    assert p.clock == 4096 and list(p.fs_per_byte) == [10000, 40000] and list(p.latency_ns) == [1500, 1500]
+    assert pacing.pace_struct(None, 4096).clock is None
+
+
+def test_default_timeout_is_minutes():
+    """Ranks of a healthy multi-node job drift by minutes (kernel builds, checkpoints): 30 s killed them."""
+    from flux_shmem.runtime import bootstrap
+    assert bootstrap.DEFAULT_TIMEOUT_S >= 300
+
+
+def test_emulate_link_presets_scale_with_the_sm_share():
+    from benchmarks import run
+    assert run.emulation_env("nvlink", 0.5) == {"FLUX_SHMEM_LINK_GBPS": "180.000", "FLUX_SHMEM_LINK_LATENCY_US": "1.5"}
+    assert run.emulation_env("ib", 0.25)["FLUX_SHMEM_LINK_GBPS"] == "10.000"
+    with pytest.raises(ValueError):
+        run.emulation_env("nvlink", 0)

@@ -1,0 +1,132 @@
+"""The tile-level simulator (flux_shmem/ops/simulate.py): its GEMM work mapping, its event engine, and its
+predictions for the fused ops, pinned on the Llama-3-70B tensor-parallel shard shapes at W = 2, 4, 8 and 2 nodes
+x 8 with the default (assumed) H200 link model. A changed schedule or model shows up here first."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from flux_shmem.ops import _schedule as sch
+from flux_shmem.ops import simulate as S
+
+RATE = 5.2  # TFLOP/s per SM (flux_shmem/ops/_fused.py TFLOPS_PER_SM)
+M = 8192
+FFN, HID = 28672, 8192  # Llama-3-70B
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,sw,sms", [(64, 14, 1, 124), (64, 14, 8, 132), (7, 5, 4, 132),
+                                                    (1, 1, 8, 132), (33, 3, 2, 16), (64, 32, 8, 2)])
+def test_gemm_work_covers_every_tile_once_balanced(tiles_m, tiles_n, sw, sms):
+    work = S.gemm_work(tiles_m, tiles_n, 2, sw, sms)
+    rows = -(-tiles_m // 2)
+    seen = collections.Counter((r, n) for items in work for r, n in items)
+    assert seen == {(r, n): 1 for r in range(rows) for n in range(tiles_n)}  # no padding, nothing twice
+    sizes = [len(w) for w in work]
+    assert max(sizes) - min(sizes) <= 1 and len(work) <= sms // 2
+    # a swizzle group of S cluster rows walks N together: the first S * tiles_n items are rows [0, S)
+    S_ = max(1, min(sw, rows))
+    first = sorted(it for c in range(len(work)) for i, it in enumerate(work[c]) if i * len(work) + c < S_ * tiles_n)
+    assert {r for r, _ in first} == set(range(min(S_, rows)))
+
+
+def test_run_gemm_waits_and_waves():
+    g = S.Gemm(tile_us=10.0)
+    ends, span = S.run_gemm(list(range(8)), 4, g, 1, 8)  # 16 cluster items on 4 clusters: 4 waves
+    assert span == pytest.approx(40.0)
+    ends, span = S.run_gemm(list(range(8)), 4, g, 1, 8, ready=lambda t: 100.0 if t >= 6 else 0.0)
+    assert span == pytest.approx(110.0) and max(ends[7]) == pytest.approx(110.0)
+
+
+def test_plan_deadlock_is_reported():
+    ev = S._Events()
+    with pytest.raises(RuntimeError, match="deadlock"):
+        S._run_blocks([[["x"]]], lambda pe, it, t: (None, "never"), ev, 0.0)
+
+
+def test_ag_arrivals_ring_shift_order():
+    """One node: PE d receives shard d + 1 first (from PE d + 1, its step-1 target), then d + 2, ..."""
+    arr, _ = S.ag_arrivals(4, 4, 1024, 16384, 64, 8)
+    for d in range(4):
+        last = [max(t for (s, c), t in arr[d].items() if s == (d + i) % 4) for i in range(1, 4)]
+        assert last == sorted(last)
+        assert max(t for (s, c), t in arr[d].items() if s == d) < last[0]  # my own copy first
+
+
+def _ag(world, L, n, k, engine, cb, links=S.Links()):
+    g = S.Gemm.from_rate(k, RATE)
+    return S.simulate_ag_gemm(world=world, node_size=L, m=M, n=n, k=k, gemm=g, gemm_sms=S.gemm_sms_for(132, 2, cb),
+                              all_sms=132, comm_blocks=cb, chunk_rows=sch.fused_chunk_rows(M // world, 2 * k, 128),
+                              swizzle=1, links=links, engine=engine, pes=[0], decomposed_comm_blocks=16)
+
+
+def _rs(world, L, n, k, cb, links=S.Links()):
+    g = S.Gemm.from_rate(k, RATE)
+    return S.simulate_gemm_rs(world=world, node_size=L, m=M, n=n, k=k, gemm=g, gemm_sms=S.gemm_sms_for(132, 2, cb),
+                              all_sms=132, comm_blocks=cb, unit_rows=sch.default_unit_rows(n, 2), swizzle=1,
+                              links=links, decomposed_comm_blocks=24)
+
+
+# (world, node size, engine, comm blocks) -> (fused us, decomposed us, comm us): the up projection at TP = world
+AG_PINNED = {
+    (2, 2, "ce", 1): (2898, 3086, 195), (2, 2, "sm", 4): (2894, 3086, 195),
+    (4, 4, "ce", 1): (1459, 1730, 285), (4, 4, "sm", 4): (1451, 1730, 285),
+    (8, 8, "ce", 1): (771, 1052, 329), (8, 8, "sm", 8): (828, 1052, 329),
+    (16, 8, "sm", 16): (480, 742, 329),
+}
+# (world, node size, comm blocks) -> (fused, decomposed, comm): the down projection at TP = world
+RS_PINNED = {
+    (2, 2, 4): (2905, 3098, 207), (4, 4, 4): (1459, 1755, 309), (8, 8, 4): (737, 1109, 387),
+    (16, 8, 4): (437, 751, 389),
+}
+
+
+@pytest.mark.parametrize("key", list(AG_PINNED))
+def test_ag_gemm_predictions_pinned(key):
+    world, L, engine, cb = key
+    r = _ag(world, L, FFN // world, HID, engine, cb)
+    assert (r.fused_us, r.decomposed_us, r.comm_us) == pytest.approx(AG_PINNED[key], rel=0.01)
+    assert r.gemm_all_us <= r.fused_us < r.decomposed_us
+
+
+@pytest.mark.parametrize("key", list(RS_PINNED))
+def test_gemm_rs_predictions_pinned(key):
+    world, L, cb = key
+    r = _rs(world, L, HID, FFN // world, cb)
+    assert (r.fused_us, r.decomposed_us, r.comm_us) == pytest.approx(RS_PINNED[key], rel=0.01)
+    assert r.gemm_all_us <= r.fused_us < r.decomposed_us
+
+
+def _choose(op, n, k):
+    g = S.Gemm.from_rate(k, RATE)
+    if op == "ag_gemm":
+        return S.plan_ag_gemm(world=8, node_size=8, m=M, n=n, k=k, elem_bytes=2, gemm=g, budget_sms=132,
+                              chunk_rows=sch.fused_chunk_rows(M // 8, 2 * k, 128), engines=("ce", "sm"), pes=[0])
+    return S.plan_gemm_rs(world=8, node_size=8, m=M, n=n, k=k, elem_bytes=2, gemm=g, budget_sms=132,
+                          unit_rows=sch.default_unit_rows(n, 2))
+
+
+@pytest.mark.parametrize("op,n,k", [
+    ("ag_gemm", FFN // 8, HID),            # up (or gate): 8192 x 3584 x 8192
+    ("ag_gemm", (64 + 2 * 8) * 128 // 8, HID),  # QKV: 8192 x 1280 x 8192
+    ("ag_gemm", 2 * FFN // 8, HID),        # gate+up fused: 8192 x 7168 x 8192
+    ("gemm_rs", HID, FFN // 8),            # down: 8192 x 8192 x 3584
+    ("gemm_rs", HID, HID // 8),            # o_proj: 8192 x 8192 x 1024
+])
+def test_w8_llama70b_hides_85_percent_where_comm_is_03_to_1x_gemm(op, n, k):
+    """The issue's bar: with the ops' own choices (engine, SM split), >= 85% of the communication hidden at W = 8,
+    M = 8192 on every Llama-3-70B TP8 shard shape whose communication is 0.3x to 1x its GEMM; never slower than
+    decomposed on any of them."""
+    split, r = _choose(op, n, k)
+    ratio = r.comm_us / r.gemm_all_us
+    assert r.fused_us < r.decomposed_us, (split, r.as_dict())
+    if 0.3 <= ratio <= 1.0:
+        assert r.hidden >= 0.85, (split, ratio, r.as_dict())
+
+
+def test_emulated_link_model_paces_initiators_only():
+    em = S.emulated_links(90.0, 2.0)
+    assert not em.model_ingress and em.nvlink_gbps == em.ib_gbps == 90.0
+    arr, ends = S.ag_arrivals(2, 2, 1024, 16384, 64, 2, em)
+    # 16 MiB per PE over a 90 GB/s paced link: about 186 us, plus a per-transfer latency
+    assert max(ends) == pytest.approx(1024 * 16384 / 90e3 + 16 * 2.0, rel=0.1)
