@@ -8,6 +8,9 @@
 #   check2 / check4 GPU checks with 2 / 4 PEs under MPS: collectives, gemm, hazards, emulation
 #   soak2 / soak4   2,000 back-to-back fused calls per op under MPS
 #   put2            the gemm checks with 2 PEs, every peer through NVSHMEM put (FLUX_SHMEM_FORCE_PUT)
+#   two4            collectives + gemm checks with 4 PEs as 2 "nodes" of 2 (FLUX_SHMEM_NODE_SIZE=2) under MPS
+#   large12         the reduce over a node of 12 PEs under MPS
+#   shapes          issue 11's tp-shard-quick GEMM suite (heuristic and tuned vs cuBLAS), bounded to 270 s
 #   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
 #   emuput2         the same with 2 PEs and forced puts
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
@@ -41,6 +44,9 @@ for step in "$@"; do
     soak2) FLUX_SHMEM_SOAK_CALLS=2000 timeout "$T" bash $S mps checks 2 soak | grep -E "CHECK|Error|error|assert" ;;
     soak4) FLUX_SHMEM_SOAK_CALLS=2000 timeout "$T" bash $S mps checks 4 soak | grep -E "CHECK|Error|error|assert" ;;
     put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 gemm | grep -E "CHECK|Error|error|assert" ;;
+    two4) FLUX_SHMEM_NODE_SIZE=2 timeout "$T" bash $S mps checks 4 collectives gemm | grep -E "CHECK|Error|error|assert" ;;
+    large12) timeout "$T" bash $S mps checks 12 large_node_reduce | grep -E "CHECK|Error|error|assert" ;;
+    shapes) timeout "$T" bash $S shapes --suite tp-shard-quick --budget-s 270 | tail -40 ;;
     emu2) emu 2 ;;
     emu4) emu 4 ;;
     emuput2) emu 2 --force-put ;;

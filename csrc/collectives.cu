@@ -157,12 +157,13 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
     if (kind != kDirect && !block_wait_ge(a.ctx, flag, e, kSiteChunk, src * a.chunks + chunk)) break;
     if (!block_wait_ge(a.ctx, a.bar + dest, e, kSiteBarrier, dest)) break;
     const int cls = dest / t.node_size != t.node() ? 1 : 0;
+    const unsigned long long paced_end = block_pace_reserve(a.pace, cls, bytes);
     if (kind == kPut) {
-      if (a.pace.clock != nullptr && a.pace.fs_per_byte[cls] != 0) {
+      if (paced_end != 0) {
         // Emulated link: the signal must wait for the paced end, so it is a separate operation after a fence.
         nvshmemx_putmem_nbi_block(a.gather + off, a.gather + off, bytes, dest);
         if (threadIdx.x == 0) {
-          pace_transfer(a.pace, cls, bytes);
+          pace_wait(paced_end);
           nvshmem_fence();
           nvshmemx_signal_op(flag, e, NVSHMEM_SIGNAL_SET, dest);
         }
@@ -175,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
     }
     const uint8_t* from = kind == kDirect ? a.src + in_shard : a.gather + off;
     block_copy(nvshmem_ptr(a.gather + off, dest), from, bytes);
-    block_pace(a.pace, cls, bytes);
     __syncthreads();
+    block_pace_wait(paced_end);
     if (threadIdx.x == 0) signal_set(flag, e, dest, true);
     __syncthreads();
   }
@@ -193,13 +194,11 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
 // Reduce-scatter of [M, N] partials (fp32 accumulation), two-level across nodes, by plan items
 // (flux_shmem/ops/_schedule.py rs_items):
 //   COPY      standalone op: copy my input rows into my symmetric addend, count them as finished "tiles"
-//   NODE_SUM  segment on another node: sum my node's partials of a unit (local-index order), put the node partial
-//             to the segment's owner
-//   PEER_SUM  my segment: sum my node peers' partials (not mine) into the local fp32 buffer `acc`
-//   OWN_ADD   my segment: + my own partial; one node: + bias -> out; else my node's partial -> my receive slot
+//   NODE_SUM  a segment with my local index: once every PE of my node has finished the unit's M-tile, sum their
+//             partials in local-index order; one node: + bias -> out; else the node partial goes to the segment's
+//             owner (put with signal; my own segment's stays in my receive slot)
 //   FINAL     my segment, several nodes: out = node partials summed in node order + bias
-// A unit's PEER_SUM and OWN_ADD are in one block's list, in that order, and touch acc[i] from the same thread.
-enum RsOp : int { kCopy = 0, kNodeSum = 1, kPeerSum = 2, kOwnAdd = 3, kFinal = 4 };
+enum RsOp : int { kCopy = 0, kNodeSum = 1, kFinal = 2 };
 
 struct RsArgs {
   Ctx ctx;
@@ -210,7 +209,6 @@ struct RsArgs {
   uint64_t* recv_sig;          // symmetric [nodes * max_units]
   uint8_t* out;                // local [Ms, N]
   const uint8_t* bias;         // [N] or null
-  float* acc;                  // local [Ms, N]: PEER_SUM -> OWN_ADD
   uint64_t* rows_ready;        // symmetric [max_tiles_m] counters: +1 per finished (M-tile, N-tile) of `partial`
   uint64_t* seen;              // local [world * max_tiles_m]: epoch in which (PE, M-tile) was seen complete
   uint64_t* bar;               // symmetric [world]
@@ -226,8 +224,16 @@ struct RsArgs {
   int node_size;
   int max_tiles_m;             // length of rows_ready (the op's largest M)
   int max_units;               // receive-signal slots per node
+  int flags;                   // kRsExtendCounters | kRsSignalDone
+  int pad_;
   Pace pace;
 };
+
+// RsArgs.flags. A fused call runs two reduce kernels: one beside the GEMM, and one with many blocks after it for
+// the M-tiles of the GEMM's last wave (the "tail"); only the first extends the counters, and neither needs the
+// done signal (the GEMM itself waits for its node's arrivals before overwriting its partial).
+constexpr int kRsExtendCounters = 1;  // add this call's increments to the counters of M-tiles beyond M
+constexpr int kRsSignalDone = 2;      // the last block tells my node's PEs I no longer read their addends
 
 namespace fs {
 
@@ -273,16 +279,54 @@ template <> struct Vec<float> {
   __device__ static void store(void* p, const float* f) { *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]); }
 };
 
-// kN floats at a 16-byte aligned address (the fp32 accumulator).
-template <int kN>
-__device__ __forceinline__ void load_f(const float* p, float* f) {
+// Whole block: dst[i] = sum over k < nsrc of src(k)[i] (+ bias[i % n]) for i < elems, in fp32, sources in order
+// (deterministic). Four vectors per thread per pass, so 4 * nsrc loads are in flight: one 512-thread block streams
+// ~30-45 GB/s with one vector in flight per source, far below what the comm kernel's few blocks need.
+template <typename T, typename Src>
+__device__ __forceinline__ void block_sum(T* dst, Src src, int nsrc, int64_t elems, int64_t n, const T* bias) {
+  using V = Vec<T>;
+  constexpr int kN = V::kN, kU = 4;
+  const int64_t step = int64_t(blockDim.x) * kN;
+  int64_t i = int64_t(threadIdx.x) * kN;
+  for (; i + (kU - 1) * step < elems; i += kU * step) {
+    float s[kU][kN], x[kU][kN];
 #pragma unroll
-  for (int j = 0; j < kN; j += 4) Vec<float>::load(p + j, f + j);
-}
-template <int kN>
-__device__ __forceinline__ void store_f(float* p, const float* f) {
+    for (int u = 0; u < kU; ++u) V::load(src(0) + i + u * step, s[u]);
+    for (int k = 1; k < nsrc; ++k) {
+      const T* p = src(k);
 #pragma unroll
-  for (int j = 0; j < kN; j += 4) Vec<float>::store(p + j, f + j);
+      for (int u = 0; u < kU; ++u) V::load(p + i + u * step, x[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int j = 0; j < kN; ++j) s[u][j] += x[u][j];
+    }
+    if (bias != nullptr) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        V::load(bias + ((i + u * step) % n), x[u]);
+#pragma unroll
+        for (int j = 0; j < kN; ++j) s[u][j] += x[u][j];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) V::store(dst + i + u * step, s[u]);
+  }
+  for (; i < elems; i += step) {
+    float s[kN], x[kN];
+    V::load(src(0) + i, s);
+    for (int k = 1; k < nsrc; ++k) {
+      V::load(src(k) + i, x);
+#pragma unroll
+      for (int j = 0; j < kN; ++j) s[j] += x[j];
+    }
+    if (bias != nullptr) {
+      V::load(bias + (i % n), x);
+#pragma unroll
+      for (int j = 0; j < kN; ++j) s[j] += x[j];
+    }
+    V::store(dst + i, s);
+  }
 }
 
 // Block-wide: wait until the M-tile counter of every PE of my node (but `skip`) shows this epoch's tiles. One
@@ -308,8 +352,6 @@ __device__ bool wait_node_tiles(const RsArgs& a, const Topo& t, int tile, uint64
 
 template <typename T>
 __device__ void reduce_scatter(const RsArgs& a) {
-  using V = Vec<T>;
-  constexpr int kN = V::kN;
   const Topo t{a.ctx.my_pe, a.ctx.n_pes, a.node_size};
   const uint64_t e = *a.epoch;
   arrive(a.ctx, a.bar, e, t);
@@ -328,7 +370,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
   }
   __syncthreads();
   bool used_put = false;
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && (a.flags & kRsExtendCounters)) {
     // Counters of M-tiles beyond this call's M get their tiles_n increments too, so every counter stays at
     // epoch * tiles_n and a later call with a larger M waits for the right value.
     for (int i = int((a.m + a.tile_m - 1) / a.tile_m) + threadIdx.x; i < a.max_tiles_m; i += blockDim.x)
@@ -357,41 +399,38 @@ __device__ void reduce_scatter(const RsArgs& a) {
     const int64_t seg_row = lo - int64_t(seg) * Ms;  // row inside the segment
     const int64_t elems = (hi - lo) * N;
     const int tile = int(lo / a.tile_m);
-    if (op == kNodeSum || op == kPeerSum) {
-      const int skip = op == kPeerSum ? t.me : -1;
-      if (!wait_node_tiles(a, t, tile, e, skip)) return;
+    // kNodeSum
+    if (op == kNodeSum) {
+      if (!wait_node_tiles(a, t, tile, e, -1)) return;
       const int dst_node = seg / L;
-      T* slot = stage + (int64_t(dst_node) * Ms + seg_row) * N;
-      float* accp = a.acc + seg_row * N;
+      const unsigned long long paced_end = block_pace_reserve(a.pace, 0, uint64_t(L - 1) * elems * sizeof(T));
+      T* dst = Nn == 1 ? out + seg_row * N
+                       : (dst_node == node ? recv + int64_t(node) * Ms * N : stage + int64_t(dst_node) * Ms * N) +
+                             seg_row * N;
       const T* send = node_partial[0] + lo * N;  // one PE per node: its partial is the node partial
-      if (op == kPeerSum || L > 1) {
-        for (int64_t i = int64_t(threadIdx.x) * kN; i < elems; i += int64_t(blockDim.x) * kN) {
-          float s[kN], x[kN];
-#pragma unroll
-          for (int j = 0; j < kN; ++j) s[j] = 0.f;
-          for (int q = 0; q < L; ++q) {
-            if (t.pe(node, q) == skip) continue;
-            V::load(node_partial[q] + lo * N + i, x);
-#pragma unroll
-            for (int j = 0; j < kN; ++j) s[j] += x[j];
-          }
-          if (op == kPeerSum) store_f<kN>(accp + i, s);
-          else V::store(slot + i, s);
-        }
-        send = slot;
+      if (L > 1 || Nn == 1 || dst_node == node) {  // (my own segment's node partial: into my receive slot)
+        const int64_t off = lo * N;
+        block_sum(dst, [&](int q) { return node_partial[q] + off; }, L, elems, N, Nn == 1 ? bias : nullptr);
+        send = dst;
       }
-      block_pace(a.pace, 0, uint64_t(L - 1) * elems * sizeof(T));  // the reads from my L - 1 node peers
-      if (op == kPeerSum) continue;
+      __syncthreads();
+      block_pace_wait(paced_end);  // the reads from my L - 1 node peers
+      if (Nn == 1) continue;
+      uint64_t* sig = a.recv_sig + node * a.max_units + u;
+      if (dst_node == node) {  // my own segment's node partial stays here
+        if (threadIdx.x == 0) { __threadfence(); st_release_sys(sig, e); }
+        __syncthreads();
+        continue;
+      }
       // The node partial goes to the segment's owner, once it has arrived in this epoch (done reading the
       // previous call's receive slot).
-      __syncthreads();
       if (!block_wait_ge(a.ctx, a.bar + seg, e, kSiteBarrier, seg)) return;
       T* remote_slot = recv + (int64_t(node) * Ms + seg_row) * N;
-      uint64_t* sig = a.recv_sig + node * a.max_units + u;
-      if (a.pace.clock != nullptr && a.pace.fs_per_byte[1] != 0) {
+      const unsigned long long put_end = block_pace_reserve(a.pace, 1, elems * sizeof(T));
+      if (put_end != 0) {
         nvshmemx_putmem_nbi_block(remote_slot, send, elems * sizeof(T), seg);
         if (threadIdx.x == 0) {
-          pace_transfer(a.pace, 1, elems * sizeof(T));
+          pace_wait(put_end);
           nvshmem_fence();
           nvshmemx_signal_op(sig, e, NVSHMEM_SIGNAL_SET, seg);
         }
@@ -402,60 +441,16 @@ __device__ void reduce_scatter(const RsArgs& a) {
       used_put = true;
       continue;
     }
-    if (op == kOwnAdd) {
-      __shared__ int ok;
-      if (threadIdx.x == 0) ok = wait_ge(a.ctx, a.rows_ready + tile, e * uint64_t(a.tiles_n), kSiteRows,
-                                         t.me * a.max_tiles_m + tile) ? 1 : 0;
-      __syncthreads();
-      if (!ok) return;
-      const T* mine = node_partial[t.local()] + lo * N;
-      const float* accp = a.acc + seg_row * N;
-      T* dst = Nn == 1 ? out + seg_row * N : recv + (int64_t(node) * Ms + seg_row) * N;
-      for (int64_t i = int64_t(threadIdx.x) * kN; i < elems; i += int64_t(blockDim.x) * kN) {
-        float s[kN], x[kN];
-        V::load(mine + i, s);
-        if (L > 1) {
-          load_f<kN>(accp + i, x);
-#pragma unroll
-          for (int j = 0; j < kN; ++j) s[j] = x[j] + s[j];
-        }
-        if (Nn == 1 && bias != nullptr) {
-          V::load(bias + (i % N), x);
-#pragma unroll
-          for (int j = 0; j < kN; ++j) s[j] += x[j];
-        }
-        V::store(dst + i, s);
-      }
-      if (Nn > 1) {
-        __syncthreads();
-        if (threadIdx.x == 0) { __threadfence(); st_release_sys(a.recv_sig + node * a.max_units + u, e); }
-      }
-      __syncthreads();
-      continue;
-    }
     // kFinal: the node partials of my segment, summed in node order.
     for (int j = 0; j < Nn; ++j)
       if (!block_wait_ge(a.ctx, a.recv_sig + j * a.max_units + u, e, kSiteRecv, j * a.max_units + u)) return;
-    for (int64_t i = int64_t(threadIdx.x) * kN; i < elems; i += int64_t(blockDim.x) * kN) {
-      float s[kN], x[kN];
-      V::load(recv + seg_row * N + i, s);
-      for (int j = 1; j < Nn; ++j) {
-        V::load(recv + (int64_t(j) * Ms + seg_row) * N + i, x);
-#pragma unroll
-        for (int k = 0; k < kN; ++k) s[k] += x[k];
-      }
-      if (bias != nullptr) {
-        V::load(bias + (i % N), x);
-#pragma unroll
-        for (int k = 0; k < kN; ++k) s[k] += x[k];
-      }
-      V::store(out + seg_row * N + i, s);
-    }
+    block_sum(out + seg_row * N, [&](int j) { return recv + (int64_t(j) * Ms + seg_row) * N; }, Nn, elems, N, bias);
     __syncthreads();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     if (used_put) nvshmem_quiet();
+    if (!(a.flags & kRsSignalDone)) return;
     // The last block to finish tells my node's PEs that I no longer read their addends of this epoch
     // (ReduceScatter.input_buffer waits for it before a caller overwrites its input).
     __threadfence_system();

@@ -9,14 +9,15 @@ from flux_shmem.runtime.sm_budget import budget_from
 
 
 def test_sm_budget_sources_in_order():
-    assert budget_from(132) == budget_from(132, mps_percentage=None)
-    assert budget_from(132).sms == 132 and budget_from(132).source == "device"
-    b = budget_from(132, mps_percentage="50")
-    assert (b.sms, b.share) == (66, 0.5) and "MPS" in b.source
-    assert budget_from(132, mps_percentage="25").sms == 32  # whole TPCs, rounded down: never oversubscribe
-    assert budget_from(132, mps_percentage="1").sms == 2
-    assert budget_from(132, affinity_sms=40, mps_percentage="50").sms == 40  # the driver's answer wins
-    assert budget_from(132, affinity_sms=132, mps_percentage="50").sms == 66  # no restriction reported
+    b = budget_from(132)
+    assert (b.sms, b.device_sms, b.source) == (132, 132, "device")
+    # under MPS the driver reports the client's share already (66 of 132 at 50%): not applied twice
+    b = budget_from(66, mps_percentage="50")
+    assert (b.sms, b.device_sms, b.share) == (66, 132, 0.5) and "MPS 50%" in b.source
+    assert budget_from(34, mps_percentage="25").device_sms == 136 and budget_from(34, mps_percentage="25").sms == 34
+    assert budget_from(132, affinity_sms=40).sms == 40  # a green context's SM count
+    assert budget_from(132, affinity_sms=132).source == "device"  # no restriction reported
+    assert budget_from(66, mps_percentage="50", physical_sms=132).share == 0.5
     assert budget_from(132, override="100", affinity_sms=40).sms == 100
     for bad in ("0", "133", "x"):
         with pytest.raises(ValueError, match="FLUX_SHMEM_SMS"):

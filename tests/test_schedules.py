@@ -117,25 +117,26 @@ def test_tile_chunks_and_arrival_order():
 @pytest.mark.parametrize("world,L", TOPOLOGIES)
 @pytest.mark.parametrize("m,tm", [(1024, 128), (8192, 128), (96, 128), (1000, 128)])
 def test_rs_tile_order(world, L, m, tm):
+    """One order for every PE of a node: other nodes' segments first, then the node's own, each phase
+    interleaved by M-tile (tile t of every segment before tile t + 1)."""
     m = max(world, m // world * world)
     ms = m // world
     orders = [sch.rs_tile_order(me, world, L, m, tm) for me in range(world)]
     for me, order in enumerate(orders):
         assert sorted(order) == list(range(-(-m // tm)))
-        segs = [set(range(t * tm // ms, (min(m, (t + 1) * tm) - 1) // ms + 1)) for t in range(len(order))]
-        pos = {t: i for i, t in enumerate(order)}
-        own = [t for t in order if segs[t] == {me}]
-        other = [t for t in order if me not in segs[t]]
-        if own and other:  # tiles wholly in my own segment come after every tile without my rows
-            assert min(pos[t] for t in own) > max(pos[t] for t in other)
         phases = sch.rs_segment_phases(me, world, L)
         assert sorted(sum(phases, [])) == list(range(world))
         assert all(s // L != me // L for s in phases[0]) and all(s // L == me // L for s in phases[1])
-    # other nodes' segments: the same order on every PE of a node
-    for node in range(world // L):
-        a = [orders[node * L + q][:len(sch.rs_segment_phases(node * L, world, L)[0]) * (ms // tm)]
-             for q in range(L)]
-        assert all(x == a[0] for x in a)
+        assert order == orders[me // L * L]  # the same on every PE of my node
+        pos = {t: i for i, t in enumerate(order)}
+        whole = {t: t * tm // ms for t in order if t * tm // ms == (min(m, (t + 1) * tm) - 1) // ms}
+        remote = [pos[t] for t, s in whole.items() if s // L != me // L]
+        local = [pos[t] for t, s in whole.items() if s // L == me // L]
+        if remote and local:
+            assert max(remote) < min(local)
+        # interleaved: among whole tiles of my node's segments, the tile index inside its segment never decreases
+        rel = [(t * tm - s * ms) // tm for t, s in sorted(whole.items(), key=lambda x: pos[x[0]]) if s // L == me // L]
+        assert rel == sorted(rel)
 
 
 @pytest.mark.parametrize("world,L", TOPOLOGIES)
@@ -143,16 +144,16 @@ def test_rs_tile_order(world, L, m, tm):
 def test_rs_plan_covers_units(world, L, ms, ur, tm):
     m = ms * world
     nodes = world // L
-    summed = collections.Counter()   # (segment, unit) -> node-level sums (NODE_SUM or OWN_ADD, once per node)
+    summed = collections.Counter()   # (segment, unit) -> node-level sums (once per node)
     for pe in range(world):
         plan = sch.rs_plan(pe, world, L, m, ur, tm, blocks=5)
         items = [it for b in plan for it in b]
-        for b in plan:  # a unit's PEER_SUM precedes its OWN_ADD in the same block; FINAL after OWN_ADD
-            seen = {}
-            for it in b:
-                seen.setdefault((it.seg, it.unit), []).append(it.op)
-            for ops in seen.values():
-                assert ops == sorted(ops)
+        for b in plan:  # FINALs after every NODE_SUM of their block, after their own unit's
+            ops = [it.op for it in b]
+            assert ops == sorted(ops)
+            for i, it in enumerate(b):
+                if it.op == sch.FINAL:
+                    assert sch.RsItem(sch.NODE_SUM, pe, it.unit) in b[:i]
         by_op = collections.defaultdict(list)
         for it in items:
             by_op[it.op].append(it)
@@ -160,13 +161,9 @@ def test_rs_plan_covers_units(world, L, ms, ur, tm):
             assert it.seg * ms <= lo < hi <= (it.seg + 1) * ms and lo // tm == (hi - 1) // tm
             assert it.unit < sch.rs_max_units(ms, ur)
         units = sch.rs_units_in_segment(ms, ur, pe)
-        assert sorted(i.unit for i in by_op[sch.OWN_ADD]) == list(range(units))
-        assert len(by_op[sch.PEER_SUM]) == (units if L > 1 else 0)
         assert len(by_op[sch.FINAL]) == (units if nodes > 1 else 0)
         for it in by_op[sch.NODE_SUM]:
-            assert it.seg // L != pe // L and it.seg % L == pe % L
-            summed[(it.seg, it.unit)] += 1
-        for it in by_op[sch.OWN_ADD]:
+            assert it.seg % L == pe % L  # the segments with my local index, on every node
             summed[(it.seg, it.unit)] += 1
         assert not by_op[sch.COPY]
     assert summed == {(s, u): nodes for s in range(world) for u in range(sch.rs_units_in_segment(ms, ur, s))}
@@ -210,3 +207,25 @@ def test_cpp_unit_rows_match_python(dump, ms, ur):
 def test_cpp_chunks(dump):
     got = dump("chunks", 1000, 300, 5)
     assert got == [[0, 0, 300], [1, 300, 300], [2, 600, 300], [3, 900, 100], [4, 1200, 0]]
+
+
+@pytest.mark.parametrize("world,L", [(2, 2), (4, 4), (8, 4), (4, 1)])
+def test_rs_tail_split(world, L):
+    """The last M-tiles' items move to the tail plan (launched after the GEMM), nothing lost or duplicated, NODE_SUMs
+    before FINALs in every tail block."""
+    ms, ur, tm = 512, 16, 128
+    m = ms * world
+    for pe in range(world):
+        plan = sch.rs_plan(pe, world, L, m, ur, tm, blocks=3)
+        order = sch.rs_tile_order(pe, world, L, m, tm)
+        main, tail = sch.rs_split_tail(plan, order, 3, ms, ur, tm, tail_blocks=5)
+        everything = sorted(it for b in plan for it in b)
+        assert sorted(it for b in main + tail for it in b) == everything
+        last = set(order[-3:])
+        tile = lambda it: sch.rs_unit_rows(ms, ur, it.seg, it.unit)[0] // tm  # noqa: E731
+        assert all(tile(it) in last for b in tail for it in b)
+        assert all(tile(it) not in last for b in main for it in b)
+        for b in tail:
+            ops = [it.op for it in b]
+            assert ops == sorted(ops)
+        assert sch.rs_split_tail(plan, order, 0, ms, ur, tm, 5) == (plan, [])

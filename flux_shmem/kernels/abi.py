@@ -55,7 +55,10 @@ class RsArgs(ctypes.Structure):
                 ("seen", c_ptr), ("bar", c_ptr), ("done", c_ptr), ("exits", c_ptr), ("epoch", c_ptr),
                 ("items", c_ptr), ("block_begin", c_ptr), ("m", c_i64), ("n", c_i64), ("rows_per_shard", c_i64),
                 ("tile_m", c_i32), ("tiles_n", c_i32), ("unit_rows", c_i32), ("node_size", c_i32),
-                ("max_tiles_m", c_i32), ("max_units", c_i32), ("pace", Pace)]
+                ("max_tiles_m", c_i32), ("max_units", c_i32), ("flags", c_i32), ("pad_", c_i32), ("pace", Pace)]
+
+
+RS_EXTEND_COUNTERS, RS_SIGNAL_DONE = 1, 2  # RsArgs.flags (csrc/collectives.cu)
 
 
 # Error sites (fs::Site) for messages, and a hint at the usual cause.

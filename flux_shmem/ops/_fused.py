@@ -42,13 +42,16 @@ class CallPlan:
     order: Optional[torch.Tensor]   # M-tile order table of the fused path
     predicted: Optional[simulate.Result]
     reason: str
+    tail_tiles: int = 0             # GEMM+RS: M-tiles reduced after the GEMM, on tail_blocks blocks
+    tail_blocks: int = 0
 
     def describe(self) -> str:
         p = self.predicted
         model = "" if p is None else (f", predicted fused {p.fused_us:.0f} us vs decomposed {p.decomposed_us:.0f} "
                                       f"us ({100 * p.hidden:.0f}% of {p.comm_us:.0f} us comm hidden)")
+        tail = f", tail {self.tail_tiles} M-tiles on {self.tail_blocks} blocks" if self.tail_tiles else ""
         return (f"{self.path} (engine={self.engine}, comm_blocks={self.comm_blocks}, gemm_sms={self.gemm_sms}, "
-                f"swizzle={self.swizzle}"
+                f"swizzle={self.swizzle}{tail}"
                 f"{model}; {self.reason})")
 
 
@@ -127,7 +130,8 @@ class FusedGEMM:
                     path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
                     why = "auto: the simulator's prediction"
                 order = torch.tensor(r.detail["order"][rt.rank], dtype=torch.int32, device=f"cuda:{rt.device}")
-                plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why)
+                plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why,
+                                sp.tail_tiles, sp.tail_blocks)
         self._plans[m] = plan
         return plan
 

@@ -13,11 +13,14 @@ me - i, so every destination receives from one source at a time, whole shards in
 M-tiles in the order their rows are predicted to arrive (`ag_tile_order`, fed by the simulator), so it consumes in
 the order the data lands.
 
-Reduce-scatter (GEMM+RS): the PEs of a node compute the tiles of other nodes' segments first, all in the same
-order (so every node-level sum is complete on all node peers at about the same time, and its network put starts
-early), then their own node's segments interleaved by M-tile, each PE its own segment last. The reducer of a
-segment pulls its node peers' partials of an M-tile as soon as all of them have finished it (`rs_plan`), so
-segments complete through the GEMM, not at its end; only its own partial, local, is added last.
+Reduce-scatter (GEMM+RS): the PEs of a node compute in one common order: other nodes' segments first (so each
+node-level sum is complete early and its network put starts while the GEMM runs), then their own node's, every
+phase interleaved by M-tile (tile t of every segment, then tile t + 1). An M-tile of a segment is therefore done
+on all node peers at about the same time, and the segment's reducer sums the node's partials of it right then, in
+one pass (L reads, one write, fp32 in registers): segments complete steadily through the GEMM, and what is left
+after it is the reduction of its last wave. (Holding partial sums in a buffer until a PE's own tile is ready, the
+alternative, costs 8 bytes of memory traffic per element per step: measured too slow for the few SMs the comm
+kernel may take.)
 """
 from __future__ import annotations
 
@@ -132,12 +135,11 @@ def ag_tile_order(m: int, tile_m: int, rows_per_shard: int, chunk_rows: int,
 # ------------------------------------------------------------------------------------------------------------
 # Reduce-scatter
 def rs_segment_phases(me: int, world: int, node_size: int) -> list[list[int]]:
-    """The segments PE `me`'s GEMM computes, as phases in order: other nodes' segments (the same list on every PE
-    of my node), my node's other segments, my own."""
+    """The segments PE `me`'s GEMM computes, as phases in order: other nodes' (nearest first), then my node's; the
+    same lists on every PE of a node."""
     L, nodes, n, l = _topo(me, world, node_size)
     remote = [((n + j) % nodes) * L + i for j in range(1, nodes) for i in range(L)]
-    own_node = [n * L + (l + i) % L for i in range(1, L)]
-    return [remote, own_node, [me]]
+    return [remote, [n * L + i for i in range(L)]]
 
 
 def rs_tile_order(me: int, world: int, node_size: int, m: int, tile_m: int) -> list[int]:
@@ -187,8 +189,8 @@ def rs_max_units(ms: int, unit_rows: int) -> int:
     return ms // unit_rows + 2
 
 
-COPY, NODE_SUM, PEER_SUM, OWN_ADD, FINAL = 0, 1, 2, 3, 4  # csrc/collectives.cu RsOp
-RS_OPS = {COPY: "copy", NODE_SUM: "node_sum", PEER_SUM: "peer_sum", OWN_ADD: "own_add", FINAL: "final"}
+COPY, NODE_SUM, FINAL = 0, 1, 2  # csrc/collectives.cu RsOp
+RS_OPS = {COPY: "copy", NODE_SUM: "node_sum", FINAL: "final"}
 
 
 class RsItem(NamedTuple):
@@ -199,14 +201,14 @@ class RsItem(NamedTuple):
 
 def rs_items(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m: int,
              copy_rows: int = 0) -> list[tuple[RsItem, int]]:
-    """PE `me`'s reduce-scatter work as (item, affinity) in issue order. Items with the same affinity >= 0 must run
-    in one thread block, in this order (OWN_ADD reads what PEER_SUM wrote). copy_rows > 0: the standalone op,
-    which first copies its [copy_rows, N] input into its symmetric addend in units of unit_rows rows.
+    """PE `me`'s reduce-scatter work as (item, affinity) in issue order; an item with affinity a >= 0 must run after
+    item a of this list in the same thread block. copy_rows > 0: the standalone op, which first copies its
+    [copy_rows, N] input into its symmetric addend in units of unit_rows rows.
 
-      NODE_SUM(s, u)  s on another node: sum my node's partials of the unit -> node partial -> put to PE s
-      PEER_SUM(s, u)  s = me: sum my node peers' partials (not mine) into a local fp32 buffer
-      OWN_ADD(s, u)   s = me: add my partial; one node: the result; else my node's partial of my segment
-      FINAL(s, u)     s = me, several nodes: sum the node partials in node order
+      NODE_SUM(s, u)  every segment s with my local index (every node's): sum my node's partials of the unit, in
+                      the order the GEMM completes its M-tile; one node: the result; else the node partial, sent to
+                      PE s (kept in my receive slot when s is mine)
+      FINAL(s, u)     s = me, several nodes: sum the node partials in node order (after my NODE_SUM of the unit)
     """
     L, nodes, n, l = _topo(me, world, node_size)
     if m <= 0 or m % world or unit_rows <= 0 or tile_m % unit_rows:
@@ -216,38 +218,52 @@ def rs_items(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m
     out: list[tuple[RsItem, int]] = []
     if copy_rows:
         out += [(RsItem(COPY, -1, cu), -1) for cu in range(-(-copy_rows // unit_rows))]
-    order = rs_tile_order(me, world, node_size, m, tile_m)
-    pos = {t: i for i, t in enumerate(order)}
-    remote = [s for s in rs_segment_phases(me, world, node_size)[0] if s % L == l]
-    node_sums = [(RsItem(NODE_SUM, s, u), -1) for s in remote for u in range(rs_units_in_segment(ms, unit_rows, s))]
-    node_sums.sort(key=lambda it: (pos[rs_unit_rows(ms, unit_rows, it[0].seg, it[0].unit)[0] // tile_m],
-                                   it[0].seg, it[0].unit))
-    out += node_sums
-    units = rs_units_in_segment(ms, unit_rows, me)
-    if L > 1:
-        out += [(RsItem(PEER_SUM, me, u), u) for u in range(units)]
-    for u in range(units):
-        out.append((RsItem(OWN_ADD, me, u), u))
-        if nodes > 1:
-            out.append((RsItem(FINAL, me, u), u))
+    pos = {t: i for i, t in enumerate(rs_tile_order(me, world, node_size, m, tile_m))}
+    mine = [s for s in sum(rs_segment_phases(me, world, node_size), []) if s % L == l]
+    sums = [RsItem(NODE_SUM, s, u) for s in mine for u in range(rs_units_in_segment(ms, unit_rows, s))]
+    sums.sort(key=lambda it: (pos[rs_unit_rows(ms, unit_rows, it.seg, it.unit)[0] // tile_m], it.seg, it.unit))
+    first = len(out)
+    out += [(it, -1) for it in sums]
+    if nodes > 1:
+        at = {it.unit: first + i for i, it in enumerate(sums) if it.seg == me}
+        out += [(RsItem(FINAL, me, u), at[u]) for u in range(rs_units_in_segment(ms, unit_rows, me))]
     return out
 
 
 def rs_plan(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m: int, blocks: int,
             copy_rows: int = 0) -> list[list[RsItem]]:
-    """The reduce-scatter kernel's work per thread block: items without affinity round-robin, each affinity group
-    (one unit of my own segment) on one block."""
+    """The reduce-scatter kernel's work per thread block: items round-robin in issue order, an item with affinity
+    on the block of the item it follows (FINAL items come after every NODE_SUM of a block, so no block waits on
+    an item behind it)."""
     if blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")
     per: list[list[RsItem]] = [[] for _ in range(blocks)]
+    block_of: list[int] = []
     rr = 0
     for item, aff in rs_items(me, world, node_size, m, unit_rows, tile_m, copy_rows):
-        if aff < 0:
-            per[rr % blocks].append(item)
-            rr += 1
-        else:
-            per[(aff + me) % blocks].append(item)
+        b = block_of[aff] if aff >= 0 else rr % blocks
+        rr += aff < 0
+        per[b].append(item)
+        block_of.append(b)
     return per
+
+
+def rs_split_tail(per_block: list[list[RsItem]], order: list[int], tail_tiles: int, ms: int, unit_rows: int,
+                  tile_m: int, tail_blocks: int) -> tuple[list[list[RsItem]], list[list[RsItem]]]:
+    """Move the items of the last `tail_tiles` M-tiles of the GEMM `order` out of a reduce plan into a second one of
+    `tail_blocks` blocks, which a fused call launches after the GEMM, when every SM is free again: the reduction of
+    the GEMM's last wave then runs wide instead of on the few blocks that ran beside the GEMM. Items keep their
+    order in either plan (round-robin in the tail)."""
+    tail = set(order[len(order) - tail_tiles:]) if tail_tiles > 0 else set()
+    if not tail:
+        return per_block, []
+
+    def tile_of(it: RsItem) -> int:
+        return rs_unit_rows(ms, unit_rows, it.seg, it.unit)[0] // tile_m
+    main = [[it for it in b if it.op == COPY or tile_of(it) not in tail] for b in per_block]
+    moved = [it for b in per_block for it in b if it.op != COPY and tile_of(it) in tail]
+    moved.sort(key=lambda it: (it.op, order.index(tile_of(it)), it.seg, it.unit))  # NODE_SUMs, then FINALs
+    return main, round_robin(moved, tail_blocks) if moved else []
 
 
 def plan_table(per_block: Sequence[Sequence[Sequence[int]]]) -> tuple[list[int], list[int]]:

@@ -91,10 +91,14 @@ class GEMMReduceScatter(FusedGEMM):
             # The reduce engine starts first so it holds its SMs; the GEMM's first store waits for the node's
             # arrivals (peers done reading the previous call's partials), which the engine sends.
             self.comm_stream.wait_stream(main)
+            tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
-                       blocks=plan.comm_blocks)
+                       blocks=plan.comm_blocks, **tail)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
                        sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle)
+            # The last wave's reductions, on every SM the GEMM just left.
+            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main, blocks=plan.comm_blocks,
+                       part="tail", **tail)
             main.wait_stream(self.comm_stream)
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)

@@ -12,7 +12,7 @@ from ..kernels import abi
 from ..kernels.module import load
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
-from ._schedule import default_unit_rows, plan_table, rs_max_units, rs_plan
+from ._schedule import default_unit_rows, plan_table, rs_max_units, rs_plan, rs_split_tail, rs_tile_order
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -41,42 +41,58 @@ class ReduceEngine:
         self.done = symmetric.zeros((W,), torch.int64)
         self.sync = signals.SyncState(rt)
         dev = f"cuda:{rt.device}"
-        self.acc = torch.empty((max_seg if L > 1 else 1, cols), dtype=torch.float32, device=dev)
         self.seen = torch.zeros((W * self.rows_ready.numel(),), dtype=torch.int64, device=dev)
         self.exits = torch.zeros(2, dtype=torch.int64, device=dev)
         self._kernel = load("collectives").kernel(f"fs_reduce_scatter_{_DTYPES[dtype]}")
         self._wait_done = load("collectives").kernel("fs_wait_done")
-        self._plans: dict[tuple[int, int, bool], tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._plans: dict[tuple, tuple] = {}
         self.pace = pacing.pace(rt.device)
 
-    def plan(self, rows: int, blocks: int, standalone: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
-        key = (rows, blocks, standalone)
+    def plan(self, rows: int, blocks: int, standalone: bool, tail_tiles: int = 0, tail_blocks: int = 0) -> tuple:
+        """Device tables of `rs_plan` for `rows` rows on `blocks` blocks (cached), and of its tail (the last
+        `tail_tiles` M-tiles of the GEMM's order, on `tail_blocks` blocks; None without one): each (items,
+        offsets, blocks that have work)."""
+        key = (rows, blocks, standalone, tail_tiles, tail_blocks)
         if key not in self._plans:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
-            per_block = rs_plan(rt.rank, rt.world_size, rt.node_size, rows, self.unit_rows, self.tile_m, blocks,
+            W, L = rt.world_size, rt.node_size
+            per_block = rs_plan(rt.rank, W, L, rows, self.unit_rows, self.tile_m, blocks,
                                 copy_rows=rows if standalone else 0)
-            per_block = [b for b in per_block if b] or [[]]
-            flat, offsets = plan_table(per_block)
-            dev = f"cuda:{rt.device}"
-            self._plans[key] = (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=dev),
-                                torch.tensor(offsets, dtype=torch.int32, device=dev), len(per_block))
+            order = rs_tile_order(rt.rank, W, L, rows, self.tile_m)
+            main, tail = rs_split_tail(per_block, order, tail_tiles, rows // W, self.unit_rows, self.tile_m,
+                                       max(1, tail_blocks))
+            self._plans[key] = (self._tables(main), self._tables(tail) if tail else None)
         return self._plans[key]
 
+    def _tables(self, per_block):
+        per_block = [b for b in per_block if b] or [[]]
+        flat, offsets = plan_table(per_block)
+        dev = f"cuda:{self.rt.device}"
+        return (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=dev),
+                torch.tensor(offsets, dtype=torch.int32, device=dev), len(per_block))
+
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
-               tiles_n: int, stream=None, blocks: int | None = None) -> None:
+               tiles_n: int, stream=None, blocks: int | None = None, tail_tiles: int = 0, tail_blocks: int = 0,
+               part: str = "main") -> None:
+        """Launch the reduce kernel's `part` of the plan: 'main' (everything, or everything but the tail) or
+        'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer."""
         W, L = self.rt.world_size, self.rt.node_size
-        items, offsets, grid = self.plan(rows, blocks or self.comm_blocks, src is not None)
+        main, tail = self.plan(rows, blocks or self.comm_blocks, src is not None, tail_tiles, tail_blocks)
+        if part == "tail" and tail is None:
+            return
+        items, offsets, grid = main if part == "main" else tail
+        flags = (abi.RS_EXTEND_COUNTERS if part == "main" else 0) | (abi.RS_SIGNAL_DONE if src is not None else 0)
         args = abi.RsArgs(ctx=signals.ctx(), src=src.data_ptr() if src is not None else 0,
                           partial=self.partial.data_ptr(), stage=self.stage.data_ptr(), recv=self.recv.data_ptr(),
                           recv_sig=self.recv_sig.data_ptr(), out=out.data_ptr(),
-                          bias=bias.data_ptr() if bias is not None else 0, acc=self.acc.data_ptr(),
+                          bias=bias.data_ptr() if bias is not None else 0,
                           rows_ready=self.rows_ready.data_ptr(), seen=self.seen.data_ptr(),
                           bar=self.sync.bar.data_ptr(), done=self.done.data_ptr(), exits=self.exits.data_ptr(),
                           epoch=self.sync.epoch.data_ptr(), items=items.data_ptr(), block_begin=offsets.data_ptr(),
                           m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tiles_n=tiles_n,
                           unit_rows=self.unit_rows, node_size=L, max_tiles_m=self.rows_ready.numel(),
-                          max_units=self.max_units, pace=self.pace)
+                          max_units=self.max_units, flags=flags, pace=self.pace)
         # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
         self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 

@@ -38,8 +38,9 @@ class Links:
     nvlink_latency_us: float = 1.5
     ib_latency_us: float = 5.0
     block_gbps: float = 40.0         # one comm thread block's load/store rate over NVLink (an assumption)
-    local_gbps: float = 600.0        # one thread block copying/reducing in its own GPU's memory
+    local_gbps: float = 60.0         # one thread block streaming its own GPU's memory (bytes read + written)
     ce_gbps: float = 300.0           # copy-engine DMA to a peer
+    ce_local_gbps: float = 1500.0    # copy-engine DMA inside one GPU (the all-gather's own shard, before its kernel)
     put_issue_us: float = 0.5        # a block's cost of issuing one NVSHMEM put (the data moves without it)
     model_ingress: bool = True       # receivers' links are shared too (False: as link emulation paces, senders only)
 
@@ -62,8 +63,10 @@ def emulated_links(gbps: float, latency_us: float, ib_gbps: Optional[float] = No
                    ib_latency_us: Optional[float] = None, **kw) -> Links:
     """The links as `FLUX_SHMEM_LINK_GBPS` pacing makes them on one GPU: senders' links only, copies at memory
     speed otherwise."""
-    kw.setdefault("block_gbps", 400.0)
-    kw.setdefault("local_gbps", 600.0)
+    # One 512-thread block streaming one GPU's memory (peer "transfers" included): ~32-46 GB/s with 4 loads in
+    # flight per thread (measured 2026-12-03, H200 under MPS), more with the 8 of block_copy.
+    kw.setdefault("block_gbps", 60.0)
+    kw.setdefault("local_gbps", 60.0)
     return Links(nvlink_gbps=gbps, ib_gbps=ib_gbps if ib_gbps else gbps, nvlink_latency_us=latency_us,
                  ib_latency_us=latency_us if ib_latency_us is None else ib_latency_us, model_ingress=False, **kw)
 
@@ -243,7 +246,7 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
         def step(pe, item, t):
             dest, c, nb = item
             if dest == pe:
-                done = t + nb / (links.local_gbps * 1e3)
+                done = t + nb / (links.ce_local_gbps * 1e3)
             else:
                 done = net.transfer(pe, dest, 0, nb, t, links.ce_gbps, pe)
             land(dest, (pe, c), done)
@@ -251,13 +254,17 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
     else:
         plans = [sch.ag_plan(p, world, node_size, chunks, comm_blocks) for p in range(world)]
 
+        own_copy = start_us + rows * row_bytes / (links.ce_local_gbps * 1e3)
+
         def step(pe, u: sch.AgUnit, t):
             nb = nbytes[u.chunk]
-            if u.kind == sch.LOCAL:
-                done = t + nb / (links.local_gbps * 1e3)
+            if u.kind == sch.LOCAL:  # my shard is in place (copy engine); the block raises its flag
+                done = max(t, own_copy)
                 land(pe, (pe, u.chunk), done)
                 return done, None
             need = (pe, (u.src, u.chunk))
+            if u.kind == sch.DIRECT:
+                t = max(t, own_copy)
             if u.kind in (sch.PUT, sch.FORWARD):  # sent from my gather buffer: the chunk must be here
                 if need not in ev.known:
                     return None, need
@@ -311,42 +318,48 @@ def simulate_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, gemm
 # GEMM + ReduceScatter
 def rs_reduce(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, tile_m: int,
               comm_blocks: int, counter_ready: Callable[[int, int], float], links: Links = Links(),
-              start_us: float = 0.0) -> list[float]:
-    """The reduce kernel of every PE (`rs_plan`), M-tile counters complete at counter_ready(pe, m_tile).
-    Returns each PE's end time."""
+              start_us: float = 0.0, tail_tiles: int = 0, tail_blocks: int = 0,
+              tail_start: Optional[Callable[[int], float]] = None) -> list[float]:
+    """The reduce kernels of every PE (`rs_plan`, its tail split off by `rs_split_tail` onto `tail_blocks` blocks
+    that start at tail_start(pe), the end of that PE's GEMM), M-tile counters complete at counter_ready(pe,
+    m_tile). Returns each PE's end time."""
     L = node_size
     nodes = world // L
     ms = m // world
     row = n * elem_bytes
     net = _Net(world, links)
     ev = _Events()
-    plans = [sch.rs_plan(p, world, L, m, unit_rows, tile_m, comm_blocks) for p in range(world)]
+    plans = []
+    for p in range(world):
+        main, tail = sch.rs_split_tail(sch.rs_plan(p, world, L, m, unit_rows, tile_m, comm_blocks),
+                                       sch.rs_tile_order(p, world, L, m, tile_m), tail_tiles, ms, unit_rows,
+                                       tile_m, max(1, tail_blocks))
+        t0 = tail_start(p) if tail_start else start_us
+        plans.append(main + [[("start", t0)] + b for b in tail])
     local = links.local_gbps * 1e3
 
-    def step(pe, it: sch.RsItem, t):
+    def step(pe, it, t):
+        if it[0] == "start":  # a tail block: launched after the GEMM
+            return max(t, it[1]), None
         lo, hi = sch.rs_unit_rows(ms, unit_rows, it.seg, it.unit)
         nb = (hi - lo) * row
         tile = lo // tile_m
         node = pe // L
         peers = [node * L + q for q in range(L)]
-        if it.op in (sch.NODE_SUM, sch.PEER_SUM):
-            srcs = peers if it.op == sch.NODE_SUM else [q for q in peers if q != pe]
-            t = max([t] + [counter_ready(q, tile) for q in srcs])
+        if it.op == sch.NODE_SUM:
+            t = max([t] + [counter_ready(q, tile) for q in peers])
             done = t
-            for q in srcs:
+            for q in peers:
                 if q != pe:
                     done = max(done, net.transfer(q, pe, 0, nb, t, links.block_gbps, pe))
-            done = max(done, t + (nb * len(srcs) + 2 * nb) / local)
-            if it.op == sch.NODE_SUM:  # the node partial goes to the segment's owner on its node
-                at = net.transfer(pe, it.seg, int(it.seg // L != node), nb, done, links.block_gbps, pe)
-                ev.set(("recv", it.seg, node, it.unit), at)
-                done += links.put_issue_us
-            return done, None
-        if it.op == sch.OWN_ADD:
-            t = max(t, counter_ready(pe, tile))
-            done = t + (2 * nb + nb + nb) / local
+            done = max(done, t + (nb * L + nb) / local)  # L reads and one write by one block
             if nodes > 1:
-                ev.set(("recv", pe, node, it.unit), done)
+                if it.seg // L == node:
+                    ev.set(("recv", it.seg, node, it.unit), done)
+                else:  # the node partial goes to the segment's owner
+                    at = net.transfer(pe, it.seg, 1, nb, done, links.block_gbps, pe)
+                    ev.set(("recv", it.seg, node, it.unit), at)
+                    done += links.put_issue_us
             return done, None
         if it.op == sch.FINAL:
             for j in range(nodes):
@@ -363,9 +376,11 @@ def rs_reduce(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_
 def simulate_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, gemm: Gemm, gemm_sms: int,
                      all_sms: int, comm_blocks: int, unit_rows: int, swizzle: int = 1, elem_bytes: int = 2,
                      links: Links = Links(), overhead_us: float = 0.0,
-                     decomposed_comm_blocks: Optional[int] = None) -> Result:
-    """GEMM+ReduceScatter: partial [m, n] per PE (k is the local K), out [m / world, n]. The decomposed path's
-    reduce-scatter runs alone, on `decomposed_comm_blocks` blocks (default comm_blocks)."""
+                     decomposed_comm_blocks: Optional[int] = None, tail_tiles: int = 0,
+                     tail_blocks: int = 0) -> Result:
+    """GEMM+ReduceScatter: partial [m, n] per PE (k is the local K), out [m / world, n]. The reductions of the
+    last `tail_tiles` M-tiles run after the GEMM on `tail_blocks` blocks. The decomposed path's reduce-scatter runs
+    alone, on `decomposed_comm_blocks` blocks (default comm_blocks)."""
     if m % world:
         raise ValueError(f"m={m} must be a multiple of world={world}")
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
@@ -378,7 +393,8 @@ def simulate_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, gemm
         ends.append([max(row) for row in e])
         spans.append(span)
     red = rs_reduce(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, comm_blocks,
-                    lambda q, t: ends[q][t], links)
+                    lambda q, t: ends[q][t], links, tail_tiles=tail_tiles, tail_blocks=tail_blocks,
+                    tail_start=lambda q: spans[q])
     per_pe = [max(a, b) + overhead_us for a, b in zip(spans, red)]
     comm = max(rs_reduce(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m,
                          decomposed_comm_blocks or comm_blocks, lambda q, t: 0.0, links))
@@ -420,6 +436,8 @@ class Split:
     comm_blocks: int
     gemm_sms: int
     swizzle: int
+    tail_tiles: int = 0     # GEMM+RS: M-tiles whose reduction runs after the GEMM, on tail_blocks blocks
+    tail_blocks: int = 0
 
 
 def gemm_sms_for(budget_sms: int, cluster_m: int, comm_blocks: int) -> int:
@@ -471,11 +489,19 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     all_sms = budget_sms // gemm.cluster_m * gemm.cluster_m
     cands = split_candidates(("sm",), comm_blocks, budget_sms, gemm.cluster_m, RS_COMM_BLOCKS)
     dec = decomposed_comm_blocks or max([c for _, c in cands] or [RS_COMM_BLOCKS[-1]])
+    tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
+    tail_blocks = min(all_sms, 64)
+
+    def tail_for(cb: int) -> int:
+        """The M-tiles the GEMM's last wave completes (plus a cluster row), whose reduction would otherwise run
+        on the comm kernel's few blocks after the GEMM."""
+        clusters = max(1, gemm_sms_for(budget_sms, gemm.cluster_m, cb) // gemm.cluster_m)
+        return min(tiles_m, (-(-clusters // tiles_n) + 1) * gemm.cluster_m)
 
     def run(c):
         return simulate_gemm_rs(world=world, node_size=node_size, m=m, n=n, k=k, gemm=gemm,
                                 gemm_sms=gemm_sms_for(budget_sms, gemm.cluster_m, c[1]), all_sms=all_sms,
                                 comm_blocks=c[1], unit_rows=unit_rows, swizzle=1, elem_bytes=elem_bytes,
-                                links=links, decomposed_comm_blocks=dec)
-    (e, cb), r = best(cands, run)
-    return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), 1), r
+                                links=links, decomposed_comm_blocks=dec, tail_tiles=c[2], tail_blocks=tail_blocks)
+    (e, cb, tail), r = best([(e, cb, t) for e, cb in cands for t in (0, tail_for(cb))], run)
+    return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), 1, tail, tail_blocks if tail else 0), r

@@ -15,7 +15,7 @@ import os
 @dataclasses.dataclass(frozen=True)
 class SmBudget:
     sms: int            # SMs this context may use
-    device_sms: int     # SMs of the device
+    device_sms: int     # SMs of the whole GPU
     source: str         # where `sms` comes from
 
     @property
@@ -23,18 +23,15 @@ class SmBudget:
         return self.sms / self.device_sms
 
 
-def budget_from(device_sms: int, *, override: str | None = None, affinity_sms: int | None = None,
-                mps_percentage: str | None = None) -> SmBudget:
-    """The budget from what the machine says, first match wins: FLUX_SHMEM_SMS, the context's execution affinity
-    (green contexts; MPS where the driver reports it), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the device."""
-    if device_sms < 1:
-        raise ValueError(f"device_sms must be >= 1, got {device_sms}")
-    if override:
-        if not override.strip().isdigit() or not 1 <= int(override) <= device_sms:
-            raise ValueError(f"FLUX_SHMEM_SMS={override!r}: must be an SM count in [1, {device_sms}]")
-        return SmBudget(int(override), device_sms, "FLUX_SHMEM_SMS")
-    if affinity_sms is not None and 0 < affinity_sms < device_sms:
-        return SmBudget(affinity_sms, device_sms, "context execution affinity")
+def budget_from(reported_sms: int, *, override: str | None = None, affinity_sms: int | None = None,
+                mps_percentage: str | None = None, physical_sms: int | None = None) -> SmBudget:
+    """The budget from what the machine says. `reported_sms`: the device's multiprocessor count as this context
+    sees it (under MPS the driver already reports the client's share: 66 of an H200's 132 at 50%, seen
+    2026-12-03); `affinity_sms`: the context's SM-count execution affinity (green contexts); `physical_sms`: the
+    whole GPU's count (NVML), else inferred from the MPS percentage. FLUX_SHMEM_SMS overrides."""
+    if reported_sms < 1:
+        raise ValueError(f"reported_sms must be >= 1, got {reported_sms}")
+    pct = None
     if mps_percentage:
         try:
             pct = float(mps_percentage)
@@ -42,10 +39,18 @@ def budget_from(device_sms: int, *, override: str | None = None, affinity_sms: i
             raise ValueError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={mps_percentage!r} is not a number") from None
         if not 0 < pct <= 100:
             raise ValueError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={mps_percentage!r} must be in (0, 100]")
-        # MPS grants whole TPCs (2 SMs); rounding down keeps a grid from exceeding what it gets.
-        sms = max(2, int(device_sms * pct / 100.0) // 2 * 2)
-        return SmBudget(min(sms, device_sms), device_sms, f"MPS active thread percentage {pct:g}")
-    return SmBudget(device_sms, device_sms, "device")
+    whole = physical_sms or (round(reported_sms * 100 / pct) if pct else reported_sms)
+    whole = max(whole, reported_sms)
+    if override:
+        if not override.strip().isdigit() or not 1 <= int(override) <= whole:
+            raise ValueError(f"FLUX_SHMEM_SMS={override!r}: must be an SM count in [1, {whole}]")
+        return SmBudget(int(override), whole, "FLUX_SHMEM_SMS")
+    sms, source = reported_sms, "device"
+    if affinity_sms is not None and 0 < affinity_sms < sms:
+        sms, source = affinity_sms, "context execution affinity"
+    if sms < whole:
+        source = f"{source}, MPS {pct:g}%" if pct else f"{source}, a share of the GPU"
+    return SmBudget(sms, whole, source)
 
 
 def _affinity_sms() -> int | None:
@@ -66,6 +71,6 @@ def sm_budget(device: int) -> SmBudget:
     import torch
     torch.cuda.set_device(device)
     torch.empty(1, device=f"cuda:{device}")  # make the primary context exist and be current
-    device_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return budget_from(device_sms, override=os.environ.get("FLUX_SHMEM_SMS"), affinity_sms=_affinity_sms(),
+    reported = torch.cuda.get_device_properties(device).multi_processor_count
+    return budget_from(reported, override=os.environ.get("FLUX_SHMEM_SMS"), affinity_sms=_affinity_sms(),
                        mps_percentage=os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))

