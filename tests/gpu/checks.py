@@ -857,6 +857,40 @@ def nn_graph_train_step(rt):
     flux_shmem.check_errors()
 
 
+@check("emulation")
+def comm_block_rates(rt):
+    """How fast one comm thread block moves data here (no pacing): the simulator's block rate comes from this.
+    Prints GB/s per block for the all-gather (stores into the peer's buffer) and the reduce-scatter (loads of every
+    node PE's addend, one store) with 1, 2 and 4 blocks."""
+    W = rt.world_size
+    if W == 1:
+        return
+    rows, cols = 4096, 8192
+    xs = gathered_inputs(rt, (rows, cols), torch.bfloat16, 41)
+    for blocks in (1, 2, 4):
+        ag = flux_shmem.AllGather(rows, cols, torch.bfloat16, comm_blocks=blocks, chunk_rows=64)
+        rs = flux_shmem.ReduceScatter(rows * W, cols, torch.bfloat16, comm_blocks=blocks)
+        buf = rs.input_buffer(rows * W)
+        buf.copy_(torch.cat(xs))
+        res = []
+        for name, fn, nbytes in (("all-gather", lambda: ag(xs[rt.rank], copy=False), (W - 1) * rows * cols * 2),
+                                 ("reduce-scatter", lambda: rs(buf), (W + 1) * rows * cols * 2)):
+            fn()
+            torch.cuda.synchronize()
+            flux_shmem.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end) / 5
+            res.append(f"{name} {nbytes / ms / 1e6 / blocks:.0f} GB/s per block ({ms:.3f} ms)")
+        if rt.rank == 0:
+            print(f"CHECK info: {blocks} block(s): " + "; ".join(res), flush=True)
+        flux_shmem.barrier()
+
+
 # ------------------------------------------------------------------------------------------------------------
 @check("timeout_raise")
 def timeout_raise(rt):
