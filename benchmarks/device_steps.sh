@@ -17,12 +17,13 @@
 #   nnput2          nn checks with 2 PEs and forced puts
 #   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2
 #   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
-# Each step is bounded by STEP_TIMEOUT seconds (default 240) and the next one runs whatever happened.
+#   gemmgpu         the GEMM kernel tests of every configuration (tests/test_gemm_kernels_gpu.py)
+# Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
+# whatever happened.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/.device_out}; mkdir -p "$FINAL"
 export OUT=/tmp/steps_logs; rm -rf "$OUT"; mkdir -p "$OUT"  # everything, packed into one file at the end
-T=${STEP_TIMEOUT:-240}
 S=benchmarks/gpu_session.sh
 # Per-GPU GEMMs like Llama-3-70B at TP8 (up 8192x3584x8192, QKV 8192x1280x8192, down 8192x8192x3584), as global
 # shapes for W PEs (AG splits N, RS splits K), and M = 4096 variants.
@@ -35,8 +36,9 @@ emu() {  # emu NP [extra run.py args]
   timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops gemm_rs --shapes "$(rs_shapes "$np_")" \
     --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_rs$*.jsonl" "$@" | tail -25
 }
-for step in "$@"; do
-  echo "===== $step $(date +%T)"
+for spec in "$@"; do
+  step=${spec%%:*}; T=${STEP_TIMEOUT:-240}; [ "$spec" != "$step" ] && T=${spec#*:}
+  echo "===== $step (${T} s) $(date +%T)"
   case $step in
     check1) timeout "$T" bash $S checks 1 runtime collectives gemm hazards | grep -E "CHECK|Error|error" ;;
     check2) timeout "$T" bash $S mps checks 2 collectives gemm hazards emulation | grep -E "CHECK|Error|error|assert" ;;
@@ -46,7 +48,10 @@ for step in "$@"; do
     put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 gemm | grep -E "CHECK|Error|error|assert" ;;
     two4) FLUX_SHMEM_NODE_SIZE=2 timeout "$T" bash $S mps checks 4 collectives gemm | grep -E "CHECK|Error|error|assert" ;;
     large12) timeout "$T" bash $S mps checks 12 large_node_reduce | grep -E "CHECK|Error|error|assert" ;;
-    shapes) timeout "$T" bash $S shapes --suite tp-shard-quick --budget-s 270 | tail -40 ;;
+    shapes) timeout "$T" bash $S shapes --suite tp-shard-quick --budget-s $((T - 30)) | tail -40 ;;
+    gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \
+      python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
     emu2) emu 2 ;;
     emu4) emu 4 ;;
     emuput2) emu 2 --force-put ;;

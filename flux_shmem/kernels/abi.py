@@ -51,7 +51,7 @@ class AgArgs(ctypes.Structure):
 
 class RsArgs(ctypes.Structure):
     _fields_ = [("ctx", Ctx), ("src", c_ptr), ("partial", c_ptr), ("stage", c_ptr), ("recv", c_ptr),
-                ("recv_sig", c_ptr), ("out", c_ptr), ("bias", c_ptr), ("acc", c_ptr), ("rows_ready", c_ptr),
+                ("recv_sig", c_ptr), ("out", c_ptr), ("bias", c_ptr), ("rows_ready", c_ptr),
                 ("seen", c_ptr), ("bar", c_ptr), ("done", c_ptr), ("exits", c_ptr), ("epoch", c_ptr),
                 ("items", c_ptr), ("block_begin", c_ptr), ("m", c_i64), ("n", c_i64), ("rows_per_shard", c_i64),
                 ("tile_m", c_i32), ("tiles_n", c_i32), ("unit_rows", c_i32), ("node_size", c_i32),

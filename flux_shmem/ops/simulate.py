@@ -63,10 +63,11 @@ def emulated_links(gbps: float, latency_us: float, ib_gbps: Optional[float] = No
                    ib_latency_us: Optional[float] = None, **kw) -> Links:
     """The links as `FLUX_SHMEM_LINK_GBPS` pacing makes them on one GPU: senders' links only, copies at memory
     speed otherwise."""
-    # One 512-thread block streaming one GPU's memory (peer "transfers" included): ~32-46 GB/s with 4 loads in
-    # flight per thread (measured 2026-12-03, H200 under MPS), more with the 8 of block_copy.
-    kw.setdefault("block_gbps", 60.0)
-    kw.setdefault("local_gbps", 60.0)
+    # One 512-thread block under MPS (measured 2026-12-03, H200): ~15 GB/s storing into another process's buffer
+    # (the all-gather: 64 MB over 8 blocks of 8 MB took 0.565 ms against a 0.36 ms paced floor), 32-46 GB/s
+    # streaming its own memory (the reduce-scatter: 704 MB in 1.39 ms on 16 blocks).
+    kw.setdefault("block_gbps", 15.0)
+    kw.setdefault("local_gbps", 40.0)
     return Links(nvlink_gbps=gbps, ib_gbps=ib_gbps if ib_gbps else gbps, nvlink_latency_us=latency_us,
                  ib_latency_us=latency_us if ib_latency_us is None else ib_latency_us, model_ingress=False, **kw)
 
