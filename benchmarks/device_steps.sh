@@ -62,6 +62,7 @@ for spec in "$@"; do
     block2) timeout "$T" bash $S block 2 --quick | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
+  tar czf "$FINAL/steps_logs.tgz" -C "$OUT" . 2>/dev/null  # after every step: a call cut short keeps its logs
 done
 echo "===== done $(date +%T)"
 tar czf "$FINAL/steps_logs.tgz" -C "$OUT" . && ls -la "$OUT"
