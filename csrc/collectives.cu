@@ -22,9 +22,10 @@
 
 namespace fs {
 
-// Block 0: tell every PE that this PE has entered epoch e (its previous call is complete).
+// Tell every PE that this PE has entered epoch e (its previous call is complete). Every block does it (the
+// stores are idempotent): peers wait for the arrival before sending, and must not depend on one particular block
+// of this kernel being resident (seen 2026-12-03: 4 PEs under MPS, 3 of them waiting for arrivals of an epoch).
 __device__ __forceinline__ void arrive(const Ctx& ctx, uint64_t* bar, uint64_t e, const Topo& t) {
-  if (blockIdx.x != 0) return;
   for (int p = threadIdx.x; p < t.world; p += blockDim.x) {
     const bool same_node = p / t.node_size == t.node();
     signal_set(bar + t.me, e, p, same_node);

@@ -86,8 +86,7 @@ class FusedGEMM:
                              f"than one {self.cluster_m}-CTA cluster: raise CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
         # The comm kernel is launched first and on a high-priority stream, so that its blocks are scheduled ahead
         # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
-        lo, _hi = torch.cuda.Stream.priority_range()
-        self.comm_stream = torch.cuda.Stream(device=rt.device, priority=lo)
+        self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
         self.emulation = pacing.emulation()
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(
             self.emulation.gbps, self.emulation.latency_us, self.emulation.ib_gbps, self.emulation.ib_latency_us)

@@ -63,11 +63,11 @@ def emulated_links(gbps: float, latency_us: float, ib_gbps: Optional[float] = No
                    ib_latency_us: Optional[float] = None, **kw) -> Links:
     """The links as `FLUX_SHMEM_LINK_GBPS` pacing makes them on one GPU: senders' links only, copies at memory
     speed otherwise."""
-    # One 512-thread block under MPS (measured 2026-12-03, H200): ~15 GB/s storing into another process's buffer
-    # (the all-gather: 64 MB over 8 blocks of 8 MB took 0.565 ms against a 0.36 ms paced floor), 32-46 GB/s
-    # streaming its own memory (the reduce-scatter: 704 MB in 1.39 ms on 16 blocks).
-    kw.setdefault("block_gbps", 15.0)
-    kw.setdefault("local_gbps", 40.0)
+    # One 512-thread comm block under MPS, measured on an H200 2026-12-03 (GPU check comm_block_rates, no pacing):
+    # 32-38 GB/s for the all-gather's stores into another PE's buffer, 30-32 GB/s for the reduce-scatter's loads
+    # of every node PE's addend plus its store.
+    kw.setdefault("block_gbps", 35.0)
+    kw.setdefault("local_gbps", 32.0)
     return Links(nvlink_gbps=gbps, ib_gbps=ib_gbps if ib_gbps else gbps, nvlink_latency_us=latency_us,
                  ib_latency_us=latency_us if ib_latency_us is None else ib_latency_us, model_ingress=False, **kw)
 
