@@ -116,3 +116,19 @@ def test_split_tail_fills_the_last_wave(enumerate_units):
     waves (132) and 28 tiles split 2-way: 56 units in the last wave."""
     (dp, units), = enumerate_units([(32, 5, 8, 2, 128, 66)])
     assert dp == 132 and len(units) - dp == 56
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,swizzle,sms", [(64, 14, 1, 124), (64, 14, 8, 132), (7, 5, 4, 132),
+                                                          (33, 3, 2, 16), (64, 32, 8, 128)])
+def test_simulator_walks_the_kernels_units(enumerate_units, tiles_m, tiles_n, swizzle, sms):
+    """flux_shmem/ops/simulate.py gemm_work is the scheduler's unit order (no split): cluster c takes units c,
+    c + C, ... and unit u is cluster tile unit_at(u)."""
+    from flux_shmem.ops.simulate import gemm_work
+    rows = -(-tiles_m // 2)
+    work = gemm_work(tiles_m, tiles_n, 2, swizzle, sms)
+    clusters = len(work)
+    _, units = enumerate_units([(rows, tiles_n, max(1, min(swizzle, rows)), 1, 1, clusters)])[0]
+    expect = [[] for _ in range(clusters)]
+    for u, (cm, cn, *_rest) in enumerate(units):
+        expect[u % clusters].append((cm, cn))
+    assert work == expect
