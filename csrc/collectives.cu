@@ -159,28 +159,8 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
     if (!block_wait_ge(a.ctx, a.bar + dest, e, kSiteBarrier, dest)) break;
     const int cls = dest / t.node_size != t.node() ? 1 : 0;
     const unsigned long long paced_end = block_pace_reserve(a.pace, cls, bytes);
-    if (kind == kPut) {
-      if (paced_end != 0) {
-        // Emulated link: the signal must wait for the paced end, so it is a separate operation after a fence.
-        nvshmemx_putmem_nbi_block(a.gather + off, a.gather + off, bytes, dest);
-        if (threadIdx.x == 0) {
-          pace_wait(paced_end);
-          nvshmem_fence();
-          nvshmemx_signal_op(flag, e, NVSHMEM_SIGNAL_SET, dest);
-        }
-        __syncthreads();
-      } else {
-        nvshmemx_putmem_signal_nbi_block(a.gather + off, a.gather + off, bytes, flag, e, NVSHMEM_SIGNAL_SET, dest);
-      }
-      used_put = true;
-      continue;
-    }
     const uint8_t* from = kind == kDirect ? a.src + in_shard : a.gather + off;
-    block_copy(nvshmem_ptr(a.gather + off, dest), from, bytes);
-    __syncthreads();
-    block_pace_wait(paced_end);
-    if (threadIdx.x == 0) signal_set(flag, e, dest, true);
-    __syncthreads();
+    used_put |= put_signal_block(a.gather + off, from, bytes, flag, e, dest, kind != kPut, paced_end);
   }
   if (a.wait_all) {  // (the fused op's GEMM waits per tile instead)
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < t.world * a.chunks; i += gridDim.x * blockDim.x)
@@ -427,19 +407,8 @@ __device__ void reduce_scatter(const RsArgs& a) {
       // previous call's receive slot).
       if (!block_wait_ge(a.ctx, a.bar + seg, e, kSiteBarrier, seg)) return;
       T* remote_slot = recv + (int64_t(node) * Ms + seg_row) * N;
-      const unsigned long long put_end = block_pace_reserve(a.pace, 1, elems * sizeof(T));
-      if (put_end != 0) {
-        nvshmemx_putmem_nbi_block(remote_slot, send, elems * sizeof(T), seg);
-        if (threadIdx.x == 0) {
-          pace_wait(put_end);
-          nvshmem_fence();
-          nvshmemx_signal_op(sig, e, NVSHMEM_SIGNAL_SET, seg);
-        }
-        __syncthreads();
-      } else {
-        nvshmemx_putmem_signal_nbi_block(remote_slot, send, elems * sizeof(T), sig, e, NVSHMEM_SIGNAL_SET, seg);
-      }
-      used_put = true;
+      used_put |= put_signal_block(remote_slot, send, elems * sizeof(T), sig, e, seg, false,
+                                   block_pace_reserve(a.pace, 1, elems * sizeof(T)));
       continue;
     }
     // kFinal: the node partials of my segment, summed in node order.

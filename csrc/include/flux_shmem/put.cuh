@@ -5,6 +5,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 #include <cstdint>
+#include "flux_shmem/pace.cuh"
 #include "flux_shmem/signal.cuh"
 
 namespace fs {
@@ -47,20 +48,34 @@ __device__ __forceinline__ void signal_set(uint64_t* sig, uint64_t v, int pe, bo
   nvshmemx_signal_op(sig, v, NVSHMEM_SIGNAL_SET, pe);
 }
 
-// Whole block: copy nbytes from local src to the symmetric dst on pe, then set pe's signal to v. The signal is
-// observed only after the data (direct: barrier + system fence before a release store; put: NVSHMEM's ordering).
-// Returns true when the NVSHMEM put path was used (the caller then owes an nvshmem_quiet before reusing src).
+// Whole block: copy nbytes from src to the symmetric dst on pe, then set pe's signal to v. The signal is observed
+// only after the data (direct: barrier + system fence before a release store; put: NVSHMEM's ordering). `direct`
+// allows stores through the NVLink mapping where pe's memory is mapped; else (and for other nodes) an NVSHMEM put.
+// `paced_end` (block_pace_reserve; 0: not paced): the signal also waits for the emulated transfer's end, so with a
+// put it becomes a separate operation after a fence. Returns true when the NVSHMEM put path was used (the caller
+// then owes an nvshmem_quiet before reusing src).
 __device__ __forceinline__ bool put_signal_block(void* dst, const void* src, size_t nbytes, uint64_t* sig, uint64_t v,
-                                                 int pe, bool direct) {
+                                                 int pe, bool direct, unsigned long long paced_end) {
   void* peer_dst = direct ? nvshmem_ptr(dst, pe) : nullptr;
   if (peer_dst != nullptr) {
     block_copy(peer_dst, src, nbytes);
     __syncthreads();
+    block_pace_wait(paced_end);
     if (threadIdx.x == 0) signal_set(sig, v, pe, true);
     __syncthreads();
     return false;
   }
-  nvshmemx_putmem_signal_nbi_block(dst, src, nbytes, sig, v, NVSHMEM_SIGNAL_SET, pe);
+  if (paced_end == 0) {
+    nvshmemx_putmem_signal_nbi_block(dst, src, nbytes, sig, v, NVSHMEM_SIGNAL_SET, pe);
+    return true;
+  }
+  nvshmemx_putmem_nbi_block(dst, src, nbytes, pe);
+  if (threadIdx.x == 0) {
+    pace_wait(paced_end);
+    nvshmem_fence();
+    nvshmemx_signal_op(sig, v, NVSHMEM_SIGNAL_SET, pe);
+  }
+  __syncthreads();
   return true;
 }
 
