@@ -143,8 +143,7 @@ def simulate_fused(op: str, m: int, n_loc: int, k_loc: int, world: int, gpus_per
     gemm = simulate.Gemm.from_rate(k_loc, gemm_tflops / hw.sms)
     links = hw.links()
     if op == "ag_gemm":
-        one_domain = gpus_per_node == world
-        engines = ("ce", "sm") if one_domain and not hw.emulated else ("sm",)
+        engines = simulate.ag_engines(gpus_per_node == world, hw.emulated, world)
         _, r = simulate.plan_ag_gemm(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
                                      elem_bytes=elem_bytes, gemm=gemm, budget_sms=hw.sms,
                                      chunk_rows=sch.fused_chunk_rows(m // world, k_loc * elem_bytes, gemm.tile_m),

@@ -19,7 +19,7 @@ from . import simulate
 from ._fused import FusedGEMM
 from ._validate import positive
 from ._schedule import fused_chunk_rows
-from .all_gather import AllGather
+from .all_gather import AllGather, ce_capable
 
 
 class AllGatherGEMM(FusedGEMM):
@@ -49,15 +49,15 @@ class AllGatherGEMM(FusedGEMM):
         super().__init__(max_m, n, k, dtype, mode, comm_blocks)
         rt = self.rt
         W = rt.world_size
-        one_domain = rt.node_size == W and all(rt.is_reachable(p) for p in range(W))
+        one_domain = ce_capable(rt)
         if engine == "ce" and not one_domain:
             raise ValueError("AllGatherGEMM(engine='ce') needs every PE in one NVLink domain (one node, no "
                              "FLUX_SHMEM_FORCE_PUT); use engine='sm', which also crosses nodes")
         if engine == "ce" and self.emulation is not None:
             raise ValueError("link emulation (FLUX_SHMEM_LINK_GBPS) paces the SM engine only; the copy engines "
                              "cannot be paced: use engine='sm' or unset FLUX_SHMEM_LINK_GBPS")
-        self._engines = {"sm": ["sm"], "ce": ["ce"]}.get(engine) or \
-            (["ce", "sm"] if one_domain and self.emulation is None and W > 1 else ["sm"])
+        self._engines = {"sm": ("sm",), "ce": ("ce",)}.get(engine) or \
+            simulate.ag_engines(one_domain, self.emulation is not None, W)
         ms = max_m // W
         if chunk_rows is None:
             chunk_rows = fused_chunk_rows(ms, k * torch.empty((), dtype=dtype).element_size(), self.tile_m)

@@ -11,7 +11,7 @@ from ..kernels import abi
 from ..kernels.module import copy_async, load, write_value_async
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import get_runtime
-from ._schedule import ag_ce_copies, ag_plan, plan_table
+from ._schedule import ag_ce_copies, ag_plan, plan_tensors
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -22,6 +22,11 @@ def default_chunk_rows(rows: int, cols: int, elem: int, world: int, blocks: int)
     per_shard = max(1, -(-blocks // max(world, 1)))
     rows_for_64k = max(1, (64 * 1024) // max(cols * elem, 1))
     return max(rows_for_64k, -(-rows // per_shard), 1)
+
+
+def ce_capable(rt) -> bool:
+    """The copy-engine path needs every PE load/store-reachable: one NVLink domain, no forced puts."""
+    return rt.node_size == rt.world_size and all(rt.is_reachable(p) for p in range(rt.world_size))
 
 
 class AllGather:
@@ -59,9 +64,7 @@ class AllGather:
 
     @property
     def ce_capable(self) -> bool:
-        """The copy-engine path needs every PE load/store-reachable: one NVLink domain, no forced puts."""
-        rt = self.rt
-        return rt.node_size == rt.world_size and all(rt.is_reachable(p) for p in range(rt.world_size))
+        return ce_capable(self.rt)
 
     def plan(self, rows: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Device tables of `ag_plan` for shards of `rows` rows on `blocks` blocks (cached): (units, offsets,
@@ -71,11 +74,8 @@ class AllGather:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             chunks = -(-rows // self.chunk_rows)
-            per_block = [b for b in ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks) if b] or [[]]
-            flat, offsets = plan_table(per_block)
-            dev = f"cuda:{rt.device}"
-            self._plans[key] = (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=dev),
-                                torch.tensor(offsets, dtype=torch.int32, device=dev), len(per_block))
+            self._plans[key] = plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks),
+                                            f"cuda:{rt.device}")
         return self._plans[key]
 
     def launch_ce(self, x: torch.Tensor, stream) -> torch.Tensor:

@@ -12,7 +12,7 @@ from ..kernels import abi
 from ..kernels.module import load
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
-from ._schedule import default_unit_rows, plan_table, rs_max_units, rs_plan, rs_split_tail, rs_tile_order
+from ._schedule import default_unit_rows, plan_tensors, rs_max_units, rs_plan, rs_split_tail, rs_tile_order
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -62,15 +62,9 @@ class ReduceEngine:
             order = rs_tile_order(rt.rank, W, L, rows, self.tile_m)
             main, tail = rs_split_tail(per_block, order, tail_tiles, rows // W, self.unit_rows, self.tile_m,
                                        max(1, tail_blocks))
-            self._plans[key] = (self._tables(main), self._tables(tail) if tail else None)
+            dev = f"cuda:{rt.device}"
+            self._plans[key] = (plan_tensors(main, dev), plan_tensors(tail, dev) if tail else None)
         return self._plans[key]
-
-    def _tables(self, per_block):
-        per_block = [b for b in per_block if b] or [[]]
-        flat, offsets = plan_table(per_block)
-        dev = f"cuda:{self.rt.device}"
-        return (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=dev),
-                torch.tensor(offsets, dtype=torch.int32, device=dev), len(per_block))
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
                tiles_n: int, stream=None, blocks: int | None = None, tail_tiles: int = 0, tail_blocks: int = 0,

@@ -461,6 +461,12 @@ def split_candidates(engines, comm_blocks: Optional[int], budget_sms: int, clust
     return [(e, c) for e, c in out if gemm_sms_for(budget_sms, cluster_m, c) >= cluster_m]
 
 
+def ag_engines(one_domain: bool, emulated: bool, world: int) -> tuple[str, ...]:
+    """The all-gather engines AllGatherGEMM(engine='auto') chooses from: the copy engines only inside one NVLink
+    domain, with something to send, and unpaced (link emulation cannot pace them)."""
+    return ("ce", "sm") if one_domain and not emulated and world > 1 else ("sm",)
+
+
 def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: Gemm,
                  budget_sms: int, chunk_rows: int, links: Links = Links(), engines=("sm",),
                  comm_blocks: Optional[int] = None, decomposed_comm_blocks: Optional[int] = None,
