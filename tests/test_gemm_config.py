@@ -281,3 +281,21 @@ def test_tune_cli_check(capsys):
     path.write_text("{")
     assert cli.main(["--check"]) == 1
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_fused_ops_choose_within_their_tile_height(monkeypatch):
+    """The fused ops ask the chooser too (issue 11): the fused GEMM keeps the op's tile height and whole tiles,
+    the plain GEMM of AllGatherGEMM may take any configuration."""
+    import types
+    import torch
+    from flux_shmem.ops._fused import FusedGEMM
+
+    same_height = tuple(c for c in registry.names() if registry.get(c).tile_m == registry.get(registry.DEFAULT).tile_m)
+    op = types.SimpleNamespace(n=1280, k=8192, dtype=torch.bfloat16, configs=same_height, plain_configs=lambda: None)
+    monkeypatch.setattr(config, "_tuned", lambda *a, **k: None)
+    plain = FusedGEMM.gemm_choice(op, 8192, "nk", 132)
+    assert plain.split > 1  # the QKV shard shape's partial last wave is split in the plain GEMM ...
+    fused = FusedGEMM.gemm_choice(op, 8192, "nk", 132, fused=True)
+    assert fused.config in same_height and fused.split == 1 and "fused: whole tiles" in fused.reason  # ... not fused
+    monkeypatch.setenv(config.ENV_FORCE, "config=128x128_c2x1_pp")
+    assert FusedGEMM.gemm_choice(op, 8192, "nk", 116, fused=True).config == "128x128_c2x1_pp"

@@ -50,6 +50,30 @@ def write_value_async(addr: int, value: int, stream) -> None:
            "cuStreamWriteValue64")
 
 
+class StartEvent:
+    """An event that fires once every block of one kernel launch has begun executing (CUDA's launch-completion
+    event, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT), for `Kernel.launch(started=...)`. A stream that waits on it
+    runs its next kernel only once that launch holds all its SMs: a persistent GEMM that spins on signals of a
+    communication kernel is then never resident while that kernel still waits for SMs (which CUDA's plain
+    two-stream concurrency does not promise: another PE's or process's kernels may take them in between).
+    CUDA calls the trigger best effort; an early release only brings back the plain two-stream behaviour."""
+
+    def __init__(self) -> None:
+        driver = _driver()
+        self.handle = _check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def wait(self, stream) -> None:
+        """Make `stream` (a torch stream) wait for the launch this event was last attached to."""
+        driver = _driver()
+        _check(driver.cuStreamWaitEvent(driver.CUstream(stream.cuda_stream), self.handle, 0), "cuStreamWaitEvent")
+
+    def __del__(self) -> None:
+        try:
+            _driver().cuEventDestroy(self.handle)
+        except Exception:  # interpreter shutdown
+            pass
+
+
 def device_arch(device_index: int | None = None) -> str:
     """The build arch for a CUDA device, e.g. '90a' for H100/H200 (wgmma kernels need the 'a' target)."""
     import torch
@@ -124,8 +148,9 @@ class Kernel:
         return int(n) if n else None
 
     def launch(self, args: ArgBlock, grid: Sequence[int] | int, block: Sequence[int] | int, *, smem: int = 0,
-               stream=None, cluster: Sequence[int] | None = None) -> None:
-        """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter."""
+               stream=None, cluster: Sequence[int] | None = None, started: "StartEvent | None" = None) -> None:
+        """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter.
+        `started`: a StartEvent that fires once all blocks of this launch are running."""
         import torch
         blob = bytes(args) if not isinstance(args, (bytes, bytearray)) else bytes(args)
         if self.param_size is not None and len(blob) != self.param_size:
@@ -149,6 +174,12 @@ class Kernel:
             a = driver.CUlaunchAttribute()
             a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
+            attrs.append(a)
+        if started is not None:
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+            a.value.launchCompletionEvent.event = started.handle
+            a.value.launchCompletionEvent.flags = 0
             attrs.append(a)
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)

@@ -7,7 +7,10 @@ from typing import Optional
 
 import torch
 
+from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
+from ..kernels import module as kmodule
+from ..kernels import registry
 from ..runtime import pacing
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
@@ -37,21 +40,31 @@ class CallPlan:
     path: str                       # 'fused', 'decomposed' or 'gemm' (one PE)
     engine: str                     # 'sm' (a comm kernel) or 'ce' (copy engines) on the fused path
     comm_blocks: int                # thread blocks of the communication kernel
-    gemm_sms: int                   # persistent GEMM CTAs of the fused path
-    swizzle: int                    # scheduler swizzle of the fused path
+    gemm_sms: int                   # persistent GEMM CTAs of the path taken
+    swizzle: int                    # scheduler swizzle of the path taken
     order: Optional[torch.Tensor]   # M-tile order table of the fused path
     predicted: Optional[simulate.Result]
     reason: str
     tail_tiles: int = 0             # GEMM+RS: M-tiles reduced after the GEMM, on tail_blocks blocks
     tail_blocks: int = 0
+    gemm: Optional[kconfig.Choice] = None  # the GEMM kernel configuration and K split of the path taken
+
+    @property
+    def config(self) -> str:
+        return self.gemm.config if self.gemm is not None else registry.DEFAULT
+
+    @property
+    def split(self) -> int:
+        return self.gemm.split if self.gemm is not None else 1
 
     def describe(self) -> str:
         p = self.predicted
         model = "" if p is None else (f", predicted fused {p.fused_us:.0f} us vs decomposed {p.decomposed_us:.0f} "
                                       f"us ({100 * p.hidden:.0f}% of {p.comm_us:.0f} us comm hidden)")
         tail = f", tail {self.tail_tiles} M-tiles on {self.tail_blocks} blocks" if self.tail_tiles else ""
+        gemm = "" if self.gemm is None else f", gemm {self.gemm.config} split={self.gemm.split} ({self.gemm.source})"
         return (f"{self.path} (engine={self.engine}, comm_blocks={self.comm_blocks}, gemm_sms={self.gemm_sms}, "
-                f"swizzle={self.swizzle}{tail}"
+                f"swizzle={self.swizzle}{tail}{gemm}"
                 f"{model}; {self.reason})")
 
 
@@ -76,9 +89,14 @@ class FusedGEMM:
             raise ValueError(f"max_m = {max_m} must be a multiple of the world size {rt.world_size}")
         self.dtype, self.mode = dtype, mode
         self.comm_blocks = positive("comm_blocks", comm_blocks) if comm_blocks is not None else None
-        self._gemms = {lay: kgemm.CutlassGemm(self.family, dtype, lay) for lay in kgemm.B_LAYOUTS}
-        self.tile_m, self.tile_n = self._gemms["kn"].tile_shape
-        self.cluster_m = self._gemms["kn"].cluster_shape[0]
+        # The tile height is fixed per op: chunk and unit sizes, M-tile orders and the reduce-scatter's per-M-tile
+        # counters are made for it. Which configuration of that height runs a call (tile width, schedule) is the
+        # chooser's (kernels/config.py: heuristic, tuning cache, FLUX_SHMEM_GEMM_CONFIG), per M and layout.
+        base = registry.get(registry.DEFAULT)
+        self.tile_m, self.cluster_m = base.tile_m, base.cluster_m
+        self.configs = tuple(c for c in registry.names()
+                             if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m))
+        kgemm.CutlassGemm.get(self.family, dtype, "kn", base)  # build/load errors surface at construction
         self.budget = sm_budget(rt.device)
         self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
         if self.sms < self.cluster_m:
@@ -87,41 +105,68 @@ class FusedGEMM:
         # The comm kernel is launched first and on a high-priority stream, so that its blocks are scheduled ahead
         # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
         self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
+        # The GEMM waits on signals of the comm kernel, so it must never hold SMs while that kernel still waits for
+        # some: the main stream waits for this event, which fires once every comm block runs (seen 2026-12-03
+        # without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and the peers' spun).
+        self.comm_started = kmodule.StartEvent()
         self.emulation = pacing.emulation()
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(
             self.emulation.gbps, self.emulation.latency_us, self.emulation.ib_gbps, self.emulation.ib_latency_us)
         self._plans: dict[int, CallPlan] = {}
 
     # ---------------------------------------------------------------------------------------------------------
-    def gemm_model(self, k: int) -> simulate.Gemm:
-        return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, self.tile_m, self.tile_n, self.cluster_m)
+    def gemm_model(self, k: int, config: str = registry.DEFAULT) -> simulate.Gemm:
+        cfg = registry.get(config)
+        return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, cfg.tile_m, cfg.tile_n, cfg.cluster_m)
 
-    def split(self, m: int) -> tuple[simulate.Split, simulate.Result]:
+    def kernel(self, layout: str, config: str) -> kgemm.CutlassGemm:
+        return kgemm.CutlassGemm.get(self.family, self.dtype, layout, config)
+
+    def plain_configs(self) -> Optional[tuple[str, ...]]:
+        """Configurations the unfused GEMM may use (None: all)."""
+        return None
+
+    def gemm_choice(self, m: int, layout: str, sm_count: int, *, fused: bool = False,
+                    group_rows: Optional[int] = None) -> kconfig.Choice:
+        """The chooser's configuration for this op's GEMM with M = m on `sm_count` SMs. The fused GEMM keeps the
+        op's tile height and whole tiles (split 1): its overlap plan (arrival order, counters per M-tile, tail)
+        is made for those."""
+        configs = self.configs if fused else self.plain_configs()
+        c = kconfig.choose(m, self.n, self.k, self.dtype, layout, sm_count, group_rows, configs=configs)
+        if fused and c.split > 1:
+            c = dataclasses.replace(c, split=1, reason=c.reason + "; fused: whole tiles")
+        return c
+
+    def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
         """The simulator's choice of engine and SM split for a fused call with M = m, and its prediction."""
         raise NotImplementedError
 
-    def call_plan(self, m: int) -> CallPlan:
-        """How a call with M = m runs: path, engine, SM split, swizzle, tile order (cached per m). The split (and
-        engine, where there is a choice) is the one the simulator predicts fastest; mode 'auto' fuses when that
-        prediction beats the decomposed path."""
-        if m in self._plans:
-            return self._plans[m]
+    def call_plan(self, m: int, layout: str = "nk") -> CallPlan:
+        """How a call with M = m and B layout `layout` runs: path, engine, SM split, GEMM configuration, swizzle,
+        tile order (cached). The split (and engine, where there is a choice) is the one the simulator predicts
+        fastest with the chosen configuration; mode 'auto' fuses when that prediction beats the decomposed
+        path."""
+        key = (m, layout)
+        if key in self._plans:
+            return self._plans[key]
         rt = self.rt
         not_capturing(f"{type(self).__name__} with M = {m}")
+        plain = self.gemm_choice(m, layout, self.sms)
         if rt.world_size == 1:
-            plan = CallPlan("gemm", "sm", 0, self.sms, self.swizzle_plain(m), None, None,
-                            "one PE: nothing to communicate")
+            plan = CallPlan("gemm", "sm", 0, self.sms, plain.swizzle, None, None,
+                            "one PE: nothing to communicate", gemm=plain)
         else:
+            fused = self.gemm_choice(m, layout, self.sms, fused=True)
             try:
-                sp, r = self.split(m)
+                sp, r = self.split(m, fused.config)
             except simulate.NoSplit:
                 if self.mode == "fused":
                     raise ValueError(f"{type(self).__name__}: the fused path needs comm_blocks + {self.cluster_m} "
                                      f"SMs beside each other; this context may use {self.budget.sms} "
                                      f"({self.budget.source}): raise the MPS share or lower comm_blocks") from None
-                plan = CallPlan("decomposed", "sm", self.comm_blocks or 1, self.sms, self.swizzle_plain(m), None,
+                plan = CallPlan("decomposed", "sm", self.comm_blocks or 1, self.sms, plain.swizzle, None,
                                 None, f"the SM budget ({self.budget.sms}) leaves no room for a GEMM beside the "
-                                      "comm kernel")
+                                      "comm kernel", gemm=plain)
             else:
                 if self.mode != "auto":
                     path, why = self.mode, f"mode={self.mode}"
@@ -129,19 +174,18 @@ class FusedGEMM:
                     path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
                     why = "auto: the simulator's prediction"
                 order = torch.tensor(r.detail["order"][rt.rank], dtype=torch.int32, device=f"cuda:{rt.device}")
-                plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why,
-                                sp.tail_tiles, sp.tail_blocks)
-        self._plans[m] = plan
+                if path == "fused":
+                    plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why,
+                                    sp.tail_tiles, sp.tail_blocks, gemm=fused)
+                else:
+                    plan = CallPlan(path, "sm", sp.comm_blocks, self.sms, plain.swizzle, None, r, why, gemm=plain)
+        self._plans[key] = plan
         return plan
 
-    def path(self, m: int) -> str:
+    def path(self, m: int, layout: str = "nk") -> str:
         """'fused' or 'decomposed' (or 'gemm' with one PE, where there is nothing to communicate): what a call
         with M = m runs."""
-        return self.call_plan(m).path
-
-    def swizzle_plain(self, m: int) -> int:
-        """Scheduler swizzle of a GEMM without communication."""
-        return self._gemms["kn"].swizzle(m)
+        return self.call_plan(m, layout).path
 
     def check_operands(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, what: str) -> str:
         """Validate a [*, k], b [k, n] (either layout) and bias [n]; returns b's layout."""

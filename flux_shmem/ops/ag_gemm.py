@@ -69,21 +69,22 @@ class AllGatherGEMM(FusedGEMM):
 
     def __repr__(self) -> str:
         return (f"AllGatherGEMM(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, mode={self.mode}, "
-                f"world={self.rt.world_size}, node_size={self.rt.node_size}, tile={self.tile_m}x{self.tile_n}, "
+                f"world={self.rt.world_size}, node_size={self.rt.node_size}, tile_m={self.tile_m}, "
                 f"chunk_rows={self.ag.chunk_rows}, engine={self.engine}, sm_budget={self.budget.sms} "
                 f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
 
     # ---------------------------------------------------------------------------------------------------------
-    def split(self, m: int) -> tuple[simulate.Split, simulate.Result]:
+    def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
         rt = self.rt
         return simulate.plan_ag_gemm(
             world=rt.world_size, node_size=rt.node_size, m=m, n=self.n, k=self.k,
-            elem_bytes=self.ag.gather.element_size(), gemm=self.gemm_model(self.k), budget_sms=self.budget.sms,
+            elem_bytes=self.ag.gather.element_size(), gemm=self.gemm_model(self.k, config),
+            budget_sms=self.budget.sms,
             chunk_rows=self.ag.chunk_rows, links=self.links, engines=self._engines, comm_blocks=self.comm_blocks,
             decomposed_comm_blocks=self.ag.comm_blocks, pes=[rt.rank])
 
     def _gemm(self, layout: str, a_ptr: int, b: torch.Tensor, out: torch.Tensor, bias, m: int, *, wait: bool,
-              sm_count: int, order: torch.Tensor | None, swizzle: int, engine: str = "sm") -> None:
+              sm_count: int, order: torch.Tensor | None, swizzle: int, choice, engine: str = "sm") -> None:
         ag = self.ag
         ms = max(1, m // self.rt.world_size)
         # The copy-engine flags are set to 1 (then zeroed by their owner); the SM engine's to the epoch.
@@ -94,8 +95,9 @@ class AllGatherGEMM(FusedGEMM):
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=self.rt.device,
             chunk_flags=flags.data_ptr(), epoch=target.data_ptr(), rows_per_shard=ms,
             chunk_rows=ag.chunk_rows, chunks_per_shard=-(-ms // ag.chunk_rows), wait=int(wait),
-            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx())
-        self._gemms[layout].launch(args)
+            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
+            splits=choice.split)
+        self.kernel(layout, choice.config).launch(args)
 
     def __call__(self, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
                  return_gathered: bool = False):
@@ -112,24 +114,26 @@ class AllGatherGEMM(FusedGEMM):
         out = torch.empty((m, self.n), dtype=self.dtype, device=a_shard.device)
         main = torch.cuda.current_stream()
         ag = self.ag
-        plan = self.call_plan(m)
+        plan = self.call_plan(m, layout)
         if plan.path == "fused":
             self.comm_stream.wait_stream(main)
             if plan.engine == "ce":
                 ag.launch_ce(a_shard, stream=self.comm_stream)
             else:
-                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks)
+                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks,
+                          started=self.comm_started)
+                self.comm_started.wait(main)  # the GEMM starts once every gather block runs
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,
-                       order=plan.order, swizzle=plan.swizzle, engine=plan.engine)
+                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, engine=plan.engine)
             main.wait_stream(self.comm_stream)
             if plan.engine == "ce":
                 ag.ce_done(main)
         else:
             ag.launch(a_shard, stream=main, wait_all=True)
-            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=self.sms, order=None,
-                       swizzle=self.swizzle_plain(m))
+            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=plan.gemm_sms,
+                       order=None, swizzle=plan.swizzle, choice=plan.gemm)
         ag.sync.bump(main)
         if return_gathered:
             return out, ag.gather[:m].clone()
@@ -138,12 +142,15 @@ class AllGatherGEMM(FusedGEMM):
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
                   sm_count: Optional[int] = None) -> torch.Tensor:
         """The same GEMM on an already gathered a [m, k], no communication, on the whole SM budget (or
-        `sm_count` CTAs, e.g. a fused call's gemm_sms): the honest baseline."""
+        `sm_count` CTAs, e.g. a fused call's gemm_sms), with the configuration the chooser picks for that many
+        SMs: the honest baseline."""
         layout = self.check_operands(a, b, bias, "AllGatherGEMM.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
-        self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sm_count or self.sms, order=None,
-                   swizzle=self.swizzle_plain(m))
+        sms = sm_count or self.sms
+        choice = self.gemm_choice(m, layout, sms)
+        self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sms, order=None,
+                   swizzle=choice.swizzle, choice=choice)
         return out

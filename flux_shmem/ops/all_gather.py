@@ -115,11 +115,12 @@ class AllGather:
         return (f"AllGather(max_rows={self.max_rows}, cols={self.cols}, dtype={self.dtype}, world="
                 f"{self.rt.world_size}, chunk_rows={self.chunk_rows}, node_size={self.rt.node_size})")
 
-    def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True, blocks: int | None = None
-               ) -> torch.Tensor:
+    def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True, blocks: int | None = None,
+               started=None) -> torch.Tensor:
         """Gather x on `stream` into the internal symmetric buffer (returned), on `blocks` thread blocks (default
         comm_blocks). wait_all=False: the kernel ends once this PE's data is sent; consumers then wait on `flags`
-        themselves (the fused GEMM does)."""
+        themselves (the fused GEMM does). `started`: a kernels.module.StartEvent that fires once all of the
+        kernel's blocks run."""
         rows = x.shape[0]
         elem = x.element_size()
         chunks = -(-rows // self.chunk_rows)
@@ -138,7 +139,7 @@ class AllGather:
                           epoch=self.sync.epoch.data_ptr(), units=units.data_ptr(), block_begin=offsets.data_ptr(),
                           shard_bytes=rows * self.cols * elem, chunk_bytes=self.chunk_rows * self.cols * elem,
                           chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace)
-        self._kernel.launch(args, grid, 512, stream=stream)
+        self._kernel.launch(args, grid, 512, stream=stream, started=started)
         return self.gather[: self.rt.world_size * rows]
 
     def check(self, x: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from ..kernels import gemm as kgemm
+from ..kernels import registry
 from ..runtime import signals, symmetric
 from . import simulate
 from ._fused import FusedGEMM
@@ -44,25 +45,35 @@ class GEMMReduceScatter(FusedGEMM):
             default_unit_rows(n, elem, self.tile_m)
         symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks)",
                         (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks))
+        # One configuration for the op's life, PE 0's choice on every PE: the reduce engine waits until each peer's
+        # counter of an M-tile reaches epoch x N-tiles, so the tile width may change neither between calls nor
+        # between PEs (whose tuning caches may differ).
+        mine = self.gemm_choice(max_m, "nk", self.sms, fused=True).config
+        self.configs = (rt.host.allgather(mine)[0],)
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
                                    comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS))
 
     def __repr__(self) -> str:
         return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
                 f"mode={self.mode}, world={self.rt.world_size}, node_size={self.rt.node_size}, "
-                f"tile={self.tile_m}x{self.tile_n}, unit_rows={self.engine.unit_rows}, sm_budget={self.budget.sms} "
+                f"config={self.configs[0]}, unit_rows={self.engine.unit_rows}, sm_budget={self.budget.sms} "
                 f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
 
-    def split(self, m: int) -> tuple[simulate.Split, simulate.Result]:
+    def plain_configs(self) -> tuple[str, ...]:
+        # Both paths count finished tiles per M-tile of the op's tile height (the reduce engine waits on them).
+        return self.configs
+
+    def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
         rt = self.rt
         return simulate.plan_gemm_rs(
             world=rt.world_size, node_size=rt.node_size, m=m, n=self.n, k=self.k,
-            elem_bytes=self.engine.partial.element_size(), gemm=self.gemm_model(self.k), budget_sms=self.budget.sms,
+            elem_bytes=self.engine.partial.element_size(), gemm=self.gemm_model(self.k, config),
+            budget_sms=self.budget.sms,
             unit_rows=self.engine.unit_rows, links=self.links, comm_blocks=self.comm_blocks,
             decomposed_comm_blocks=self.engine.comm_blocks)
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
-              wait_group: bool, sm_count: int, order: torch.Tensor | None, swizzle: int) -> None:
+              wait_group: bool, sm_count: int, order: torch.Tensor | None, swizzle: int, choice) -> None:
         rt, eng = self.rt, self.engine
         L = rt.node_size
         args = kgemm.FsGemmRsArgs(
@@ -70,8 +81,9 @@ class GEMMReduceScatter(FusedGEMM):
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
             rows_ready=eng.rows_ready.data_ptr() if counters else 0, bar=eng.sync.bar.data_ptr(),
             group_first=(rt.rank // L) * L, group_size=L if wait_group else 0, epoch=eng.sync.epoch.data_ptr(),
-            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx())
-        self._gemms[layout].launch(args)
+            m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
+            splits=choice.split)
+        self.kernel(layout, choice.config).launch(args)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         signals.check_errors()
@@ -84,18 +96,19 @@ class GEMMReduceScatter(FusedGEMM):
         if rt.world_size == 1:  # nothing to reduce: the plain GEMM, bias included
             return self.gemm_only(a, b, bias)
         out = torch.empty((m // rt.world_size, self.n), dtype=self.dtype, device=a.device)
-        tiles_n = -(-self.n // self.tile_n)
         main = torch.cuda.current_stream()
-        plan = self.call_plan(m)
+        plan = self.call_plan(m, layout)
+        tiles_n = -(-self.n // registry.get(plan.config).tile_n)  # the reduce engine counts the GEMM's tiles
         if plan.path == "fused":
             # The reduce engine starts first so it holds its SMs; the GEMM's first store waits for the node's
             # arrivals (peers done reading the previous call's partials), which the engine sends.
             self.comm_stream.wait_stream(main)
             tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
-                       blocks=plan.comm_blocks, **tail)
+                       blocks=plan.comm_blocks, started=self.comm_started, **tail)
+            self.comm_started.wait(main)  # the GEMM starts once every reduce block runs
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
-                       sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle)
+                       sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle, choice=plan.gemm)
             # The last wave's reductions, on every SM the GEMM just left.
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main, blocks=plan.comm_blocks,
                        part="tail", **tail)
@@ -105,7 +118,7 @@ class GEMMReduceScatter(FusedGEMM):
         else:
             eng.sync.barrier()  # every PE is past the previous call before this GEMM overwrites its partial
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
-                       sm_count=self.sms, order=None, swizzle=self.swizzle_plain(m))
+                       sm_count=plan.gemm_sms, order=None, swizzle=plan.swizzle, choice=plan.gemm)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)
         eng.sync.bump(main)
         return out
@@ -119,6 +132,8 @@ class GEMMReduceScatter(FusedGEMM):
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
+        sms = sm_count or self.sms
+        choice = self.gemm_choice(m, layout, sms)
         self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, wait_group=False,
-                   sm_count=sm_count or self.sms, order=None, swizzle=self.swizzle_plain(m))
+                   sm_count=sms, order=None, swizzle=choice.swizzle, choice=choice)
         return out

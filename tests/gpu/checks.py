@@ -550,7 +550,7 @@ def sm_budget_and_occupancy(rt):
     from flux_shmem.runtime.sm_budget import _affinity_sms
     op = flux_shmem.AllGatherGEMM(1024 * rt.world_size, 1024, 1024, torch.bfloat16, mode="fused")
     plan = op.call_plan(1024 * rt.world_size)
-    g = op._gemms["kn"]
+    g = op.kernel("kn", op.gemm_choice(1024 * rt.world_size, "kn", op.sms).config)
     a = torch.randn((1024 * rt.world_size, 1024), device="cuda").to(torch.bfloat16)
     op.gemm_only(a, weight(1024, 1024, "kn", torch.bfloat16, 1))
     torch.cuda.synchronize()
