@@ -96,9 +96,13 @@ def test_heuristic_splits_the_partial_last_wave():
 
 
 def test_heuristic_keeps_default_on_full_waves():
-    for m, n, k in ((16384, 3584, 8192), (8192, 7168, 8192), (8192, 8192, 8192), (16384, 28672, 8192)):
+    """Full waves keep the default tile and no split; the swizzle group narrows with N as measured (issue 11: sw1
+    at N = 3584, sw4 at 7168, sw8 from 8192)."""
+    for (m, n, k), swz in (((16384, 3584, 8192), 1), ((8192, 7168, 8192), 4), ((8192, 8192, 8192), 8),
+                           ((16384, 28672, 8192), 8)):
         c = config.heuristic(m, n, k, "bf16", "nk", 132)
-        assert (c.config, c.swizzle, c.split) == (registry.DEFAULT, 8, 1), (m, n, k, c.describe())
+        assert (c.config, c.swizzle, c.split) == (registry.DEFAULT, swz, 1), (m, n, k, c.describe())
+    assert [config.swizzle_cap_for_n(n) for n in (None, 1280, 4096, 4608, 7168, 8192)] == [8, 1, 1, 4, 4, 8]
 
 
 def test_heuristic_follows_the_sm_count():

@@ -135,13 +135,29 @@ def cluster_tiles(cfg: KernelConfig, m: int, n: int) -> Tuple[int, int]:
     return -(-tm // cfg.cluster_m), -(-tn // cfg.cluster_n)
 
 
-def swizzle_for(cfg: KernelConfig, m: int, group_rows: Optional[int] = None) -> Tuple[int, str]:
-    """(swizzle, note): DEFAULT_SWIZZLE clusters of M-tiles per group, fewer when the group would exceed
-    `group_rows` rows or the problem's M clusters; never below 1 (one cluster, which the note then reports when it
-    exceeds group_rows)."""
+def swizzle_cap_for_n(n: Optional[int]) -> int:
+    """The widest swizzle group worth having for an output N columns wide. Measured on the H200 (issue 11, bf16,
+    K = 8192, 128x256 tiles): at N = 1280 and 3584 a group of one cluster row (swizzle 1) ran 0.82 / 0.98 of cuBLAS
+    against 0.54 / 0.85 with 8; at N = 7168 swizzle 4 ran 1.00 against 0.84; from N = 8192 up, 8 was within
+    0.96-1.01. A narrow problem's whole B panel is read by every group anyway, so wide groups only spread the
+    A rows of a wave over more of L2."""
+    if n is None:
+        return DEFAULT_SWIZZLE
+    if n <= 4096:
+        return 1
+    if n <= 7168:
+        return 4
+    return DEFAULT_SWIZZLE
+
+
+def swizzle_for(cfg: KernelConfig, m: int, group_rows: Optional[int] = None, n: Optional[int] = None
+                ) -> Tuple[int, str]:
+    """(swizzle, note): DEFAULT_SWIZZLE clusters of M-tiles per group, fewer when the output is narrow
+    (`swizzle_cap_for_n`), when the group would exceed `group_rows` rows or the problem's M clusters; never below 1
+    (one cluster, which the note then reports when it exceeds group_rows)."""
     rows_per_cluster = cfg.tile_m * cfg.cluster_m
     clusters_m = -(-m // rows_per_cluster)
-    s = DEFAULT_SWIZZLE
+    s = swizzle_cap_for_n(n)
     while s > 1 and s > clusters_m:
         s //= 2
     note = ""
@@ -183,7 +199,7 @@ def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: in
         reduce_us = split * (REDUCE_STEP_US + cfg.tile_m * cfg.tile_n * 4 / (REDUCE_GBPS * 1e3))
         unit_us = math.ceil(k_tiles / split) * step_us + epi_us + reduce_us
         us = whole // clusters * tile_us + math.ceil(tail * split / clusters) * unit_us
-    swizzle, note = swizzle_for(cfg, m, group_rows)
+    swizzle, note = swizzle_for(cfg, m, group_rows, n)
     return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, note)
 
 
@@ -285,11 +301,11 @@ def forced() -> dict:
     return out
 
 
-def _apply_forced(choice: Choice, force: dict, m: int, group_rows: Optional[int]) -> Choice:
+def _apply_forced(choice: Choice, force: dict, m: int, group_rows: Optional[int], n: Optional[int] = None) -> Choice:
     if not force:
         return choice
     cfg = registry.get(force.get("config", choice.config))
-    swizzle = force.get("swizzle", choice.swizzle if cfg.name == choice.config else swizzle_for(cfg, m, group_rows)[0])
+    swizzle = force.get("swizzle", choice.swizzle if cfg.name == choice.config else swizzle_for(cfg, m, group_rows, n)[0])
     split = min(force.get("split", choice.split if cfg.name == choice.config else 1), cfg.max_splits)
     text = ",".join(f"{k}={v}" for k, v in force.items())
     return Choice(cfg.name, swizzle, split, "forced", f"{ENV_FORCE}={text}; otherwise {choice.source}")
@@ -326,7 +342,7 @@ def choose(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_rows
         choice = _fit_group(choice, m, group_rows)
     else:
         choice = heuristic(m, n, k, dt, layout, sm_count, group_rows, configs=allowed)
-    return _apply_forced(choice, force, m, group_rows)
+    return _apply_forced(choice, force, m, group_rows, n)
 
 
 def _tuned(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, allowed: List[str], device) -> \

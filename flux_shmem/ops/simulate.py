@@ -474,7 +474,7 @@ def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     """AllGatherGEMM's split for M = m: the candidate with the fastest predicted fused time. Each swizzle group of
     the fused GEMM stays inside one chunk's rows."""
     all_sms = budget_sms // gemm.cluster_m * gemm.cluster_m
-    swz = swizzle_for(gemm, m, chunk_rows)[0]  # (only tile_m and cluster_m of the configuration matter)
+    swz = swizzle_for(gemm, m, chunk_rows, n)[0]  # (only tile_m and cluster_m of the configuration matter)
     cands = split_candidates(engines, comm_blocks, budget_sms, gemm.cluster_m, AG_COMM_BLOCKS)
     dec = decomposed_comm_blocks or max([c for e, c in cands if e == "sm"] or [AG_COMM_BLOCKS[-1]])
 
