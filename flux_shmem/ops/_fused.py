@@ -94,8 +94,11 @@ class FusedGEMM:
         # chooser's (kernels/config.py: heuristic, tuning cache, FLUX_SHMEM_GEMM_CONFIG), per M and layout.
         base = registry.get(registry.DEFAULT)
         self.tile_m, self.cluster_m = base.tile_m, base.cluster_m
+        # Cooperative only: the pingpong kernels' waiting mainloop / signalling epilogue have not passed the fused
+        # checks (2026-12-03, MPS: GEMM+RS with 128x128 pingpong never raised its tile counters).
         self.configs = tuple(c for c in registry.names()
-                             if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m))
+                             if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m)
+                             and not registry.get(c).pingpong)
         kgemm.CutlassGemm.get(self.family, dtype, "kn", base)  # build/load errors surface at construction
         self.budget = sm_budget(rt.device)
         self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
@@ -105,9 +108,11 @@ class FusedGEMM:
         # The comm kernel is launched first and on a high-priority stream, so that its blocks are scheduled ahead
         # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
         self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
-        # The GEMM waits on signals of the comm kernel, so it must never hold SMs while that kernel still waits for
-        # some: the main stream waits for this event, which fires once every comm block runs (seen 2026-12-03
-        # without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and the peers' spun).
+        # AllGatherGEMM's GEMM waits on signals of the gather kernel, so it must never hold SMs while that kernel
+        # still waits for some: the main stream waits for this event, which fires once every gather block runs
+        # (seen 2026-12-03 without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and
+        # the peers' spun). Not for GEMM+RS: its reduce kernel waits on the GEMM's tiles, and CUDA may release
+        # the event only at the kernel's end (best effort), which would deadlock there.
         self.comm_started = kmodule.StartEvent()
         self.emulation = pacing.emulation()
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(

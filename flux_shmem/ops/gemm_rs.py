@@ -105,8 +105,7 @@ class GEMMReduceScatter(FusedGEMM):
             self.comm_stream.wait_stream(main)
             tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
-                       blocks=plan.comm_blocks, started=self.comm_started, **tail)
-            self.comm_started.wait(main)  # the GEMM starts once every reduce block runs
+                       blocks=plan.comm_blocks, **tail)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
                        sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle, choice=plan.gemm)
             # The last wave's reductions, on every SM the GEMM just left.
