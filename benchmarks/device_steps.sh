@@ -15,7 +15,7 @@
 #   emuput2         the same with 2 PEs and forced puts
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
 #   nnput2          nn checks with 2 PEs and forced puts
-#   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2
+#   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2 (MPS)
 #   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
 #   gemmgpu         the GEMM kernel tests of every configuration (tests/test_gemm_kernels_gpu.py)
 # Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
@@ -58,7 +58,7 @@ for spec in "$@"; do
     nn1) timeout "$T" bash $S checks 1 nn | grep -E "CHECK|Error|error|assert" ;;
     nn2) timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;
     nnput2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;
-    torchrun) timeout "$T" bash $S tests -k torchrun | tail -30 ;;
+    torchrun) timeout "$T" bash $S mps tests -k torchrun | tail -30 ;;  # (time-sliced, it outlasted 70 s)
     block2) timeout "$T" bash $S block 2 --quick | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -50,6 +50,8 @@ def torchrun(np_: int, *args: str, timeout: int = 600) -> subprocess.CompletedPr
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))}
     env.update(NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                PYTHONUNBUFFERED="1")
+    if MPS:  # the same SM share as launch() gives
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // np_)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_), "--master-addr",
            "127.0.0.1", "--master-port", str(port), str(TORCHRUN_CHECK), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

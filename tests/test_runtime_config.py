@@ -56,3 +56,14 @@ def test_emulate_link_presets_scale_with_the_sm_share():
     assert run.emulation_env("ib", 0.25)["FLUX_SHMEM_LINK_GBPS"] == "10.000"
     with pytest.raises(ValueError):
         run.emulation_env("nvlink", 0)
+
+
+def test_start_event_switch(monkeypatch):
+    from flux_shmem.ops._fused import start_event_enabled
+    monkeypatch.delenv("FLUX_SHMEM_START_EVENT", raising=False)
+    assert start_event_enabled()
+    monkeypatch.setenv("FLUX_SHMEM_START_EVENT", "0")
+    assert not start_event_enabled()
+    monkeypatch.setenv("FLUX_SHMEM_START_EVENT", "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        start_event_enabled()

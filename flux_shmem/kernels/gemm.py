@@ -290,7 +290,7 @@ class CutlassGemm:
             self._max_ctas = (n * cl[0] * cl[1] * cl[2]) if n else 0
         return self._max_ctas or None
 
-    def launch(self, args: GemmArgs, stream=None) -> FsLaunch:
+    def launch(self, args: GemmArgs, stream=None, started=None) -> FsLaunch:
         """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current). A
         persistent grid larger than what can be resident at once (occupancy query) is shrunk to fit: its CTAs
         would otherwise wait for each other's SMs."""
@@ -302,7 +302,7 @@ class CutlassGemm:
             args.sm_count = cap
             blob, geo = self.host.params(args)
         self.kernel.launch(blob, tuple(geo.grid), tuple(geo.block), smem=int(geo.smem_bytes), stream=stream,
-                           cluster=tuple(geo.cluster))
+                           cluster=tuple(geo.cluster), started=started)
         return geo
 
     def prepare(self, args: GemmArgs):

@@ -3,6 +3,7 @@ split between GEMM and communication, tile orders, and the per-M call plan chose
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 import torch
@@ -68,6 +69,15 @@ class CallPlan:
                 f"{model}; {self.reason})")
 
 
+def start_event_enabled() -> bool:
+    """Whether fused calls hold their second kernel until every block of the first runs ($FLUX_SHMEM_START_EVENT,
+    default 1)."""
+    v = os.environ.get("FLUX_SHMEM_START_EVENT", "1").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"FLUX_SHMEM_START_EVENT must be 0 or 1, got {v!r}")
+    return v == "1"
+
+
 class FusedGEMM:
     """Base of the fused ops: validated dimensions, one CUTLASS kernel per B layout, the SM budget of this context
     (MPS share, green context) split between the GEMM and the communication kernel, and per-M call plans."""
@@ -94,8 +104,8 @@ class FusedGEMM:
         # chooser's (kernels/config.py: heuristic, tuning cache, FLUX_SHMEM_GEMM_CONFIG), per M and layout.
         base = registry.get(registry.DEFAULT)
         self.tile_m, self.cluster_m = base.tile_m, base.cluster_m
-        # Cooperative only: the pingpong kernels' waiting mainloop / signalling epilogue have not passed the fused
-        # checks (2026-12-03, MPS: GEMM+RS with 128x128 pingpong never raised its tile counters).
+        # Cooperative only: the pingpong kernels' waiting mainloop / signalling epilogue have not been through the
+        # fused checks yet (their plain GEMMs have).
         self.configs = tuple(c for c in registry.names()
                              if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m)
                              and not registry.get(c).pingpong)
@@ -108,12 +118,15 @@ class FusedGEMM:
         # The comm kernel is launched first and on a high-priority stream, so that its blocks are scheduled ahead
         # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
         self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
-        # AllGatherGEMM's GEMM waits on signals of the gather kernel, so it must never hold SMs while that kernel
-        # still waits for some: the main stream waits for this event, which fires once every gather block runs
-        # (seen 2026-12-03 without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and
-        # the peers' spun). Not for GEMM+RS: its reduce kernel waits on the GEMM's tiles, and CUDA may release
-        # the event only at the kernel's end (best effort), which would deadlock there.
-        self.comm_started = kmodule.StartEvent()
+        # Whichever kernel of a fused call waits on the other's signals must never hold SMs while the other still
+        # waits for some: it is launched only once this event fires, when every block of the other kernel runs
+        # (AllGatherGEMM: the GEMM after the gather kernel; GEMMReduceScatter: the reduce kernel after the GEMM).
+        # Seen 2026-12-03 without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and
+        # the peers' spun. CUDA releases the event "best effort" (at worst at the kernel's end): the waiting kernel
+        # is always the second, so an early or late release costs overlap, never a deadlock.
+        # FLUX_SHMEM_START_EVENT=0 drops the guard (the second kernel then follows right away, on priority alone):
+        # under MPS the event was measured to release late, costing most of AllGatherGEMM's overlap (RESULTS.md).
+        self.comm_started = kmodule.StartEvent() if start_event_enabled() else None
         self.emulation = pacing.emulation()
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(
             self.emulation.gbps, self.emulation.latency_us, self.emulation.ib_gbps, self.emulation.ib_latency_us)

@@ -122,7 +122,8 @@ class AllGatherGEMM(FusedGEMM):
             else:
                 ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks,
                           started=self.comm_started)
-                self.comm_started.wait(main)  # the GEMM starts once every gather block runs
+                if self.comm_started is not None:
+                    self.comm_started.wait(main)  # the GEMM starts once every gather block runs
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,

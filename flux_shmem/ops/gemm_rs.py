@@ -1,8 +1,8 @@
 """GEMMReduceScatter: out = reduce_scatter(a @ b, dim=0), the reduction hidden behind the GEMM.
 
 The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symmetric buffer and counts finished
-tiles per M-tile; the reduce-scatter engine (csrc/collectives.cu), started first on a side stream with a few SMs,
-sums each unit of rows as soon as the node's PEs have finished it (NVLink loads), and across nodes sends node
+tiles per M-tile; the reduce-scatter engine (csrc/collectives.cu), started on a side stream with a few SMs once
+every GEMM CTA runs, sums each unit of rows as soon as the node's PEs have finished it (NVLink loads), and across nodes sends node
 partials by put-with-signal. The PEs of a node compute in a common order (`_schedule.rs_tile_order`: other nodes'
 segments, then their own node's interleaved by M-tile, each PE its own segment last), so reductions run through
 the whole GEMM and only the own partial, local, is added at the end.
@@ -73,7 +73,8 @@ class GEMMReduceScatter(FusedGEMM):
             decomposed_comm_blocks=self.engine.comm_blocks)
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
-              wait_group: bool, sm_count: int, order: torch.Tensor | None, swizzle: int, choice) -> None:
+              wait_group: bool, sm_count: int, order: torch.Tensor | None, swizzle: int, choice,
+              started=None) -> None:
         rt, eng = self.rt, self.engine
         L = rt.node_size
         args = kgemm.FsGemmRsArgs(
@@ -83,7 +84,7 @@ class GEMMReduceScatter(FusedGEMM):
             group_first=(rt.rank // L) * L, group_size=L if wait_group else 0, epoch=eng.sync.epoch.data_ptr(),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
             splits=choice.split)
-        self.kernel(layout, choice.config).launch(args)
+        self.kernel(layout, choice.config).launch(args, started=started)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         signals.check_errors()
@@ -100,14 +101,20 @@ class GEMMReduceScatter(FusedGEMM):
         plan = self.call_plan(m, layout)
         tiles_n = -(-self.n // registry.get(plan.config).tile_n)  # the reduce engine counts the GEMM's tiles
         if plan.path == "fused":
-            # The reduce engine starts first so it holds its SMs; the GEMM's first store waits for the node's
-            # arrivals (peers done reading the previous call's partials), which the engine sends.
+            # The GEMM never waits on the reduce kernel, which waits on the GEMM's tiles: the GEMM goes first,
+            # after a barrier (every PE is past its previous call, so nobody still reads my partial), and the
+            # reduce kernel starts once all GEMM CTAs run. Seen 2026-12-03 with the reduce kernel first and the
+            # GEMM waiting for its arrival signal: PEs sharing a GPU under MPS whose GEMMs never got SMs.
+            eng.sync.barrier(main)
             self.comm_stream.wait_stream(main)
             tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
+            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
+                       sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle, choice=plan.gemm,
+                       started=self.comm_started)
+            if self.comm_started is not None:
+                self.comm_started.wait(self.comm_stream)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
                        blocks=plan.comm_blocks, **tail)
-            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=True,
-                       sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle, choice=plan.gemm)
             # The last wave's reductions, on every SM the GEMM just left.
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main, blocks=plan.comm_blocks,
                        part="tail", **tail)

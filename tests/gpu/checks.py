@@ -563,6 +563,41 @@ def sm_budget_and_occupancy(rt):
     assert op.sms <= op.budget.sms
 
 
+@check("hazards")
+def start_event_releases_at_block_start(rt):
+    """When does CUDA's launch-completion event (kernels.module.StartEvent, which the fused ops wait on before
+    their second kernel) fire: once the kernel's blocks run, or only at its end? A one-thread kernel on stream A
+    waits (2 s timeout, private error record) for a flag that stream B writes after waiting on the event of A's
+    launch. Block start: A returns at once; end: A times out first. Informational (the ops are correct either
+    way; a late release costs overlap): RESULTS.md records the answer with and without MPS."""
+    import ctypes
+    import time
+    from flux_shmem.kernels import abi
+    from flux_shmem.kernels.module import StartEvent, load, write_value_async
+    if rt.world_size > 1 and rt.rank != 0:
+        return
+    words = ctypes.sizeof(abi.ErrorRecord) // 8
+    record = torch.zeros(words, dtype=torch.int64, pin_memory=True)
+    slot = torch.zeros(2, dtype=torch.int64, device="cuda")
+    slot[1] = record.data_ptr()
+    flag = torch.zeros(1, dtype=torch.int64, device="cuda")
+    ctx = abi.Ctx(err=slot.data_ptr(), timeout_ns=int(2e9), my_pe=rt.rank, n_pes=rt.world_size, trap_on_timeout=0)
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    ev = StartEvent()
+    t0 = time.perf_counter()
+    load("collectives").kernel("fs_wait_signal").launch(abi.WaitArgs(ctx=ctx, sig=flag.data_ptr(), expected=1), 1, 32,
+                                                        stream=a, started=ev)
+    ev.wait(b)
+    write_value_async(flag.data_ptr(), 1, b)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    timed_out = abi.ErrorRecord.from_address(record.data_ptr()).flag == 1
+    when = "only at the kernel's end (the waiting kernel timed out first)" if timed_out else "at block start"
+    print(f"CHECK note: the launch-completion event fired {when}: {dt * 1e3:.1f} ms, MPS "
+          f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE') or 'off'}", flush=True)
+
+
 @check("emulation")
 def link_emulation_paces(rt):
     """FLUX_SHMEM_LINK_GBPS paces the all-gather: moving B bytes to my peers takes at least B / rate."""
