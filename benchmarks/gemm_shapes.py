@@ -92,7 +92,20 @@ def parse_args(argv=None):
     p.add_argument("--fused-shapes", default=FUSED_SHAPES, help="shapes of the fused-mainloop check ('' = none)")
     p.add_argument("--comm-sms", type=int, default=8, help="SMs a fused op leaves to communication")
     p.add_argument("--jsonl", default=None)
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="run only shapes i, i+N, i+2N, ... of the suite (0 <= I < N): a long suite over several "
+                        "device calls; --summarize then merges their JSONL files")
+    p.add_argument("--summarize", nargs="+", default=None, metavar="JSONL",
+                   help="print the summary lines of earlier runs' JSONL files (no GPU) and exit")
     args = p.parse_args(argv)
+    if args.part is not None:
+        try:
+            i, n = (int(x) for x in args.part.split("/"))
+            if not 0 <= i < n:
+                raise ValueError
+        except ValueError:
+            p.error(f"--part takes I/N with 0 <= I < N, got {args.part!r}")
+        args.part = (i, n)
     for lay in args.layouts.split(","):
         if lay not in ("kn", "nk"):
             p.error(f"--layouts takes kn and/or nk, got {lay!r}")
@@ -102,8 +115,35 @@ def parse_args(argv=None):
     return args
 
 
+def part_of(shapes: list, part) -> list:
+    """Shapes i, i+N, ... for part (i, N) (interleaved, so every part holds small and large problems)."""
+    return shapes if part is None else shapes[part[0]::part[1]]
+
+
+def summarize(paths) -> list[str]:
+    """The summary lines over the result rows of several JSONL files (later rows of a shape/layout/family/kind win)."""
+    rows, fused = {}, {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("type") == "result":
+                    rows[(rec["family"], rec["layout"], rec["kind"], rec["shape"])] = rec
+                elif rec.get("type") == "fused_mainloop":
+                    fused[(rec["layout"], rec["sm_count"], rec["shape"])] = rec
+    rows_l = list(rows.values())
+    fams = sorted({r["family"] for r in rows_l})
+    lays = sorted({r["layout"] for r in rows_l})
+    return [f"# {len({r['shape'] for r in rows_l})} shapes from {len(paths)} file(s)"] + \
+        summary_lines(rows_l, fams, lays) + fused_lines(list(fused.values()))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        for text in summarize(args.summarize):
+            print(text)
+        return 0
     import torch
     if not torch.cuda.is_available():
         print("gemm_shapes.py: no CUDA device visible", file=sys.stderr)
@@ -128,6 +168,7 @@ def main(argv=None) -> int:
         shapes = [_shapes.ShardShape(m, n, k, ("custom",), ()) for m, n, k in _shapes.parse_shapes(args.shapes)]
     else:
         shapes = _shapes.suite(args.suite)
+    shapes = part_of(shapes, args.part)
     fused = _shapes.parse_shapes(args.fused_shapes) if args.fused_shapes else []
     fused_reserve = 6.0 * len(fused) * len(layouts)
     jsonl = open(args.jsonl, "w") if args.jsonl else None

@@ -94,3 +94,26 @@ def test_summary_lines_format():
     fused = gemm_shapes.fused_lines([dict(layout="nk", sm_count=132, shape="8192x3584x8192", ratio=0.99)])
     assert fused == ["fused-mainloop ag_gemm nk sm132: min 0.990 at 8192x3584x8192, geomean 0.990 "
                      "(gemm_only ms / fused ms)"]
+
+
+def test_suite_parts_and_merged_summary(tmp_path, capsys):
+    """The whole tp-shard suite over several device calls: --part I/N splits it (every shape once), --summarize
+    merges the parts' JSONL files into the issue's lines without a GPU."""
+    import json
+    from benchmarks import gemm_shapes
+    full = shapes.tp_shard_suite()
+    parts = [gemm_shapes.part_of(full, (i, 3)) for i in range(3)]
+    assert sorted(s.shape for p in parts for s in p) == sorted(s.shape for s in full)
+    assert gemm_shapes.parse_args(["--part", "1/3"]).part == (1, 3)
+    with pytest.raises(SystemExit):
+        gemm_shapes.parse_args(["--part", "3/3"])
+    files = []
+    for i, (shape, ratio) in enumerate((("8192x1280x8192", 0.9), ("8192x3584x8192", 1.0))):
+        f = tmp_path / f"p{i}.jsonl"
+        f.write_text(json.dumps(dict(type="result", family="ag_gemm", layout="nk", kind="heuristic", shape=shape,
+                                     ratio=ratio)) + "\n")
+        files.append(str(f))
+    assert gemm_shapes.main(["--summarize", *files]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["# 2 shapes from 2 file(s)",
+                   "tp-shard ag_gemm nk: geomean 0.949, min 0.900 at 8192x1280x8192 (heuristic)"]
