@@ -2,10 +2,11 @@
 
 The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symmetric buffer and counts finished
 tiles per M-tile; the reduce-scatter engine (csrc/collectives.cu), started on a side stream with a few SMs once
-every GEMM CTA runs, sums each unit of rows as soon as the node's PEs have finished it (NVLink loads), and across nodes sends node
-partials by put-with-signal. The PEs of a node compute in a common order (`_schedule.rs_tile_order`: other nodes'
-segments, then their own node's interleaved by M-tile, each PE its own segment last), so reductions run through
-the whole GEMM and only the own partial, local, is added at the end.
+every GEMM CTA runs, sums each unit of rows as soon as the node's PEs have finished it (NVLink loads), and across
+nodes sends node partials by put-with-signal. The PEs of a node compute in a common order
+(`_schedule.rs_tile_order`: other nodes' segments, then their own node's interleaved by M-tile, each PE its own
+segment last), so reductions run through the whole GEMM; the units of the GEMM's last wave are reduced after it
+by a wide tail kernel (each still reads every node peer's partial of those rows: the cost that is left).
 """
 from __future__ import annotations
 
