@@ -54,10 +54,6 @@ class CallPlan:
     def config(self) -> str:
         return self.gemm.config if self.gemm is not None else registry.DEFAULT
 
-    @property
-    def split(self) -> int:
-        return self.gemm.split if self.gemm is not None else 1
-
     def describe(self) -> str:
         p = self.predicted
         model = "" if p is None else (f", predicted fused {p.fused_us:.0f} us vs decomposed {p.decomposed_us:.0f} "
@@ -122,8 +118,9 @@ class FusedGEMM:
         # waits for some: it is launched only once this event fires, when every block of the other kernel runs
         # (AllGatherGEMM: the GEMM after the gather kernel; GEMMReduceScatter: the reduce kernel after the GEMM).
         # Seen 2026-12-03 without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and
-        # the peers' spun. CUDA releases the event "best effort" (at worst at the kernel's end): the waiting kernel
-        # is always the second, so an early or late release costs overlap, never a deadlock.
+        # the peers' spun. CUDA releases the event "best effort": a late release (at the kernel's end) costs
+        # overlap, never a deadlock, since the waiting kernel is the second; an early one brings back the plain
+        # two-stream order.
         # FLUX_SHMEM_START_EVENT=0 drops the guard (the second kernel then follows right away, on priority alone):
         # under MPS the event was measured to release late, costing most of AllGatherGEMM's overlap (RESULTS.md).
         self.comm_started = kmodule.StartEvent() if start_event_enabled() else None
@@ -144,13 +141,12 @@ class FusedGEMM:
         """Configurations the unfused GEMM may use (None: all)."""
         return None
 
-    def gemm_choice(self, m: int, layout: str, sm_count: int, *, fused: bool = False,
-                    group_rows: Optional[int] = None) -> kconfig.Choice:
+    def gemm_choice(self, m: int, layout: str, sm_count: int, *, fused: bool = False) -> kconfig.Choice:
         """The chooser's configuration for this op's GEMM with M = m on `sm_count` SMs. The fused GEMM keeps the
         op's tile height and whole tiles (split 1): its overlap plan (arrival order, counters per M-tile, tail)
         is made for those."""
         configs = self.configs if fused else self.plain_configs()
-        c = kconfig.choose(m, self.n, self.k, self.dtype, layout, sm_count, group_rows, configs=configs)
+        c = kconfig.choose(m, self.n, self.k, self.dtype, layout, sm_count, configs=configs)
         if fused and c.split > 1:
             c = dataclasses.replace(c, split=1, reason=c.reason + "; fused: whole tiles")
         return c

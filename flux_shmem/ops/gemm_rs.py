@@ -74,15 +74,14 @@ class GEMMReduceScatter(FusedGEMM):
             decomposed_comm_blocks=self.engine.comm_blocks)
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
-              wait_group: bool, sm_count: int, order: torch.Tensor | None, swizzle: int, choice,
-              started=None) -> None:
+              sm_count: int, order: torch.Tensor | None, swizzle: int, choice, started=None) -> None:
         rt, eng = self.rt, self.engine
-        L = rt.node_size
+        # group_size 0: the kernel's wait for its node's arrivals is off; every path runs a barrier before it.
         args = kgemm.FsGemmRsArgs(
             m=m, n=self.n, k=self.k, a=a.data_ptr(), b=b.data_ptr(), d=d_ptr,
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
             rows_ready=eng.rows_ready.data_ptr() if counters else 0, bar=eng.sync.bar.data_ptr(),
-            group_first=(rt.rank // L) * L, group_size=L if wait_group else 0, epoch=eng.sync.epoch.data_ptr(),
+            group_first=0, group_size=0, epoch=eng.sync.epoch.data_ptr(),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
             splits=choice.split)
         self.kernel(layout, choice.config).launch(args, started=started)
@@ -101,17 +100,15 @@ class GEMMReduceScatter(FusedGEMM):
         main = torch.cuda.current_stream()
         plan = self.call_plan(m, layout)
         tiles_n = -(-self.n // registry.get(plan.config).tile_n)  # the reduce engine counts the GEMM's tiles
+        eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my partial
         if plan.path == "fused":
-            # The GEMM never waits on the reduce kernel, which waits on the GEMM's tiles: the GEMM goes first,
-            # after a barrier (every PE is past its previous call, so nobody still reads my partial), and the
-            # reduce kernel starts once all GEMM CTAs run. Seen 2026-12-03 with the reduce kernel first and the
+            # The GEMM never waits on the reduce kernel, which waits on the GEMM's tiles: the GEMM goes first and
+            # the reduce kernel starts once all GEMM CTAs run. Seen 2026-12-03 with the reduce kernel first and the
             # GEMM waiting for its arrival signal: PEs sharing a GPU under MPS whose GEMMs never got SMs.
-            eng.sync.barrier(main)
             self.comm_stream.wait_stream(main)
             tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
-            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
-                       sm_count=plan.gemm_sms, order=plan.order, swizzle=plan.swizzle, choice=plan.gemm,
-                       started=self.comm_started)
+            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
+                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.comm_started)
             if self.comm_started is not None:
                 self.comm_started.wait(self.comm_stream)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
@@ -123,9 +120,8 @@ class GEMMReduceScatter(FusedGEMM):
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)
         else:
-            eng.sync.barrier()  # every PE is past the previous call before this GEMM overwrites its partial
-            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, wait_group=False,
-                       sm_count=plan.gemm_sms, order=None, swizzle=plan.swizzle, choice=plan.gemm)
+            self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
+                       order=None, swizzle=plan.swizzle, choice=plan.gemm)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)
         eng.sync.bump(main)
         return out
@@ -141,6 +137,6 @@ class GEMMReduceScatter(FusedGEMM):
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
         sms = sm_count or self.sms
         choice = self.gemm_choice(m, layout, sms)
-        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, wait_group=False,
-                   sm_count=sms, order=None, swizzle=choice.swizzle, choice=choice)
+        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, sm_count=sms, order=None,
+                   swizzle=choice.swizzle, choice=choice)
         return out

@@ -68,10 +68,9 @@ class ReduceEngine:
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
                tiles_n: int, stream=None, blocks: int | None = None, tail_tiles: int = 0, tail_blocks: int = 0,
-               part: str = "main", started=None) -> None:
+               part: str = "main") -> None:
         """Launch the reduce kernel's `part` of the plan: 'main' (everything, or everything but the tail) or
-        'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer.
-        `started`: a kernels.module.StartEvent that fires once all of the kernel's blocks run."""
+        'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer."""
         W, L = self.rt.world_size, self.rt.node_size
         main, tail = self.plan(rows, blocks or self.comm_blocks, src is not None, tail_tiles, tail_blocks)
         if part == "tail" and tail is None:
@@ -89,7 +88,7 @@ class ReduceEngine:
                           unit_rows=self.unit_rows, node_size=L, max_tiles_m=self.rows_ready.numel(),
                           max_units=self.max_units, flags=flags, pace=self.pace)
         # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
-        self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream, started=started)
+        self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 
     def wait_done(self, stream=None) -> None:
         """Make `stream` wait until every PE of this node has finished reading this PE's previous input."""
