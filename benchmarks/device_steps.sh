@@ -12,7 +12,8 @@
 #   large12         the reduce over a node of 12 PEs under MPS
 #   shapes          issue 11's tp-shard-quick GEMM suite (heuristic and tuned vs cuBLAS), bounded to 270 s;
 #                   SHAPES_SUITE=tp-shard SHAPES_PART=I/N runs part I of N of the whole suite (merge the parts'
-#                   gemm_shapes.jsonl with `python3 benchmarks/gemm_shapes.py --summarize FILE...`)
+#                   gemm_shapes.jsonl with `python3 benchmarks/gemm_shapes.py --summarize FILE...`); SHAPES_TUNE=none
+#                   skips tuning (heuristic rows only, where the cache lacks a shape)
 #   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
 #   emuput2         the same with 2 PEs and forced puts
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
@@ -51,6 +52,7 @@ for spec in "$@"; do
     two4) FLUX_SHMEM_NODE_SIZE=2 timeout "$T" bash $S mps checks 4 collectives gemm | grep -E "CHECK|Error|error|assert" ;;
     large12) timeout "$T" bash $S mps checks 12 large_node_reduce | grep -E "CHECK|Error|error|assert" ;;
     shapes) timeout "$T" bash $S shapes --suite "${SHAPES_SUITE:-tp-shard-quick}" ${SHAPES_PART:+--part "$SHAPES_PART"} \
+      ${SHAPES_TUNE:+--tune "$SHAPES_TUNE"} \
       --budget-s $((T - 30)) | tail -40 ;;
     gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \

@@ -84,7 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--cache", default=None, help="tuning cache file (default: $FLUX_SHMEM_TUNE_CACHE or "
                                                  "$FLUX_SHMEM_CACHE/gemm_tune.json)")
     p.add_argument("--tune", choices=("missing", "all", "none"), default="missing",
-                   help="tune shapes the cache lacks (default), every shape, or none")
+                   help="tune shapes the cache lacks (default), every shape, or none (then only shapes the cache "
+                        "has get a 'tuned' row: a quick heuristic-only pass over a whole suite)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--tune-rounds", type=int, default=4)
     p.add_argument("--budget-s", type=float, default=None,
@@ -205,8 +206,11 @@ def main(argv=None) -> int:
             fns = {"cublas": cublas}
             errs = {}
             plan = []  # (family, kind, choice, fn label)
+            # A "tuned" row only where the cache has the shape: --tune none over an empty cache would otherwise
+            # report the heuristic twice, once as "tuned".
+            kinds = (("heuristic", heur),) + ((("tuned", tuned),) if tuned.source != "heuristic" else ())
             for fam in families:
-                for kind, ch in (("heuristic", heur), ("tuned", tuned)):
+                for kind, ch in kinds:
                     name = f"{fam}:{tune.label(ch)}"
                     plan.append((fam, kind, ch, name))
                     if name not in fns:

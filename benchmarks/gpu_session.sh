@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu_session.sh run NP [benchmarks/run.py args...]     (NP PEs; 1: no launcher)
 #   bash benchmarks/gpu_session.sh mps <any of the above>
 # `mps` first starts a CUDA MPS daemon (the GPU's compute mode and settings stay untouched) so that several PEs on
-# one GPU run at once instead of time-slicing; each PE gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / NP of the SMs
+# one GPU run at once instead of time-slicing; each PE gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = MPS_TOTAL_PCT / NP
 # (tests/test_gpu.py sets it per launch); the daemon is stopped at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,11 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export FLUX_SHMEM_TIMEOUT_S=${FLUX_SHMEM_TIMEOUT_S:-60}
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -m flux_shmem.build --list --config all 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
-mps_share() { [ -n "${FLUX_SHMEM_TEST_MPS:-}" ] && export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / $1)); true; }
+# MPS_TOTAL_PCT (default 100): the share of the SMs all PEs together may use. MPS caps how many SMs a client holds,
+# not which: with shares summing to 100% a persistent grid whose SMs a peer's kernel still holds waits a whole
+# wave; less than 100 leaves slack for that.
+mps_share() { [ -n "${FLUX_SHMEM_TEST_MPS:-}" ] && \
+  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((${MPS_TOTAL_PCT:-100} / $1)); true; }
 rc=0
 if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of tests/gpu/checks.py under NP PEs
   np_=$1; shift

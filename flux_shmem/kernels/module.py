@@ -186,6 +186,21 @@ class Kernel:
         _check(driver.cuLaunchKernelEx(cfg, self._handle, ctypes.addressof(ptrs), 0), f"launch {self.name}")
 
 
+def load_into_context(library: int) -> int:
+    """Load every kernel of a CUlibrary into the current context now; returns how many. Under CUDA's lazy loading
+    (the default) a kernel is loaded at its first launch, and that load may wait for work already running in the
+    context (the CUDA guide's lazy-loading deadlock): a fused call's first launch of its second kernel would then
+    wait for its first kernel, which spins on signals that only the second one's peers raise."""
+    driver = _driver()
+    lib = driver.CUlibrary(library)
+    count = _check(driver.cuLibraryGetKernelCount(lib), "cuLibraryGetKernelCount")
+    kernels = _check(driver.cuLibraryEnumerateKernels(count, lib), "cuLibraryEnumerateKernels") if count else []
+    for k in kernels:
+        func = _check(driver.cuKernelGetFunction(k), "cuKernelGetFunction")
+        _check(driver.cuFuncLoad(func), "cuFuncLoad")
+    return int(count)
+
+
 class Module:
     """A family's cubin (built or taken from the cache; GEMM families per kernel configuration), NVSHMEM-initialised
     when it uses NVSHMEM."""
@@ -203,6 +218,7 @@ class Module:
             nv.library_init(self._nv_obj)
         self.host_lib = ctypes.CDLL(str(art.host_lib)) if art.host_lib else None
         self._kernels: dict[str, Kernel] = {}
+        self.loaded = load_into_context(int(self.obj.handle))
 
     def kernel(self, name: str) -> Kernel:
         if name not in self._kernels:

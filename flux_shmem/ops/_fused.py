@@ -105,7 +105,12 @@ class FusedGEMM:
         self.configs = tuple(c for c in registry.names()
                              if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m)
                              and not registry.get(c).pingpong)
-        kgemm.CutlassGemm.get(self.family, dtype, "kn", base)  # build/load errors surface at construction
+        # Every kernel a call may launch is loaded now, while no kernel of this op spins: a first launch that
+        # loads lazily can wait for the running kernels (kernels/module.py load_into_context). Build or load
+        # errors surface here too.
+        for c in registry.names():
+            for layout in ("kn", "nk"):
+                kgemm.CutlassGemm.get(self.family, dtype, layout, c)
         self.budget = sm_budget(rt.device)
         self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
         if self.sms < self.cluster_m:
