@@ -6,6 +6,7 @@
 # steps:
 #   check1          GPU checks with 1 PE (no MPS): runtime, collectives, gemm, hazards
 #   check2 / check4 GPU checks with 2 / 4 PEs under MPS: collectives, gemm, hazards, emulation
+#   conc2           whether 2 PEs under MPS run at once on separate SMs (a GEMM alone vs both at once)
 #   soak2 / soak4   2,000 back-to-back fused calls per op under MPS
 #   put2            the gemm checks with 2 PEs, every peer through NVSHMEM put (FLUX_SHMEM_FORCE_PUT)
 #   two4            collectives + gemm checks with 4 PEs as 2 "nodes" of 2 (FLUX_SHMEM_NODE_SIZE=2) under MPS
@@ -45,6 +46,7 @@ for spec in "$@"; do
   case $step in
     check1) timeout "$T" bash $S checks 1 runtime collectives gemm hazards | grep -E "CHECK|Error|error" ;;
     check2) timeout "$T" bash $S mps checks 2 collectives gemm hazards emulation | grep -E "CHECK|Error|error|assert" ;;
+    conc2) timeout "$T" bash $S mps checks 2 mps_concurrency | grep -E "CHECK|Error|error|assert" ;;
     check4) timeout "$T" bash $S mps checks 4 collectives gemm hazards | grep -E "CHECK|Error|error|assert" ;;
     soak2) FLUX_SHMEM_SOAK_CALLS=2000 timeout "$T" bash $S mps checks 2 soak | grep -E "CHECK|Error|error|assert" ;;
     soak4) FLUX_SHMEM_SOAK_CALLS=2000 timeout "$T" bash $S mps checks 4 soak | grep -E "CHECK|Error|error|assert" ;;

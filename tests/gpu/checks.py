@@ -926,6 +926,56 @@ def comm_block_rates(rt):
         flux_shmem.barrier()
 
 
+@check("emulation")
+def mps_concurrency(rt):
+    """Whether PEs sharing this GPU really run at once on separate SMs: the same GEMM (cuBLAS, and our persistent
+    gemm_only on the whole SM budget), timed on each PE alone and on all PEs at once. Disjoint SMs give "at once"
+    about the "alone" time (compute-bound, a shared power limit aside); PEs that share SMs or take turns give W
+    times it, and then an emulated-link overlap figure means little."""
+    W = rt.world_size
+    if W == 1:
+        return
+    m, n, k = 8192, 3584, 8192
+    g = torch.Generator(device="cuda").manual_seed(7 + rt.rank)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    op = flux_shmem.AllGatherGEMM(m * W, n, k, torch.bfloat16, mode="decomposed")
+    fns = {"cuBLAS": lambda: a @ w.t(), f"ours ({op.sms} CTAs)": lambda: op.gemm_only(a, w.t())}
+
+    def timed(fn, reps=10):
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / reps
+
+    def sync_all():
+        torch.cuda.synchronize()
+        flux_shmem.barrier()
+        torch.cuda.synchronize()
+
+    for name, fn in fns.items():
+        alone = None
+        for pe in range(W):
+            sync_all()
+            if rt.rank == pe:
+                alone = timed(fn)
+        sync_all()
+        together = timed(fn)
+        alones = rt.host.allgather(alone)
+        togethers = rt.host.allgather(together)
+        if rt.rank == 0:
+            ratio = max(togethers) / max(alones)
+            print(f"CHECK note: {name} {m}x{n}x{k}: alone {max(alones):.3f} ms, all {W} PEs at once "
+                  f"{max(togethers):.3f} ms (x{ratio:.2f}; {W}x would mean turns or shared SMs), SM budget "
+                  f"{op.budget.sms} ({op.budget.source})", flush=True)
+        sync_all()
+
+
 # ------------------------------------------------------------------------------------------------------------
 @check("timeout_raise")
 def timeout_raise(rt):
