@@ -119,6 +119,9 @@ struct AgArgs {
   const uint64_t* epoch;   // local
   const int4* units;       // plan: (kind, src PE, dest PE, chunk)
   const int32_t* block_begin;  // [gridDim.x + 1]: block b does units [block_begin[b], block_begin[b + 1])
+  // Local [2] or null: [0] counts this launch's blocks that have started; the last one resets it and sets [1] to
+  // 1, which the consumer's stream waits for (cuStreamWaitValue64) before launching the GEMM that spins on flags.
+  unsigned long long* started;
   uint64_t shard_bytes;
   uint64_t chunk_bytes;
   int chunks;
@@ -132,6 +135,12 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
 #ifdef FS_DEVICE_PASS
   const Topo t{a.ctx.my_pe, a.ctx.n_pes, a.node_size};
   const uint64_t e = *a.epoch;
+  if (a.started != nullptr && threadIdx.x == 0 &&
+      atomicAdd(a.started, 1ull) == static_cast<unsigned long long>(gridDim.x) - 1) {
+    atomicExch(a.started, 0ull);  // every block runs: the next launch counts from zero
+    __threadfence_system();
+    atomicExch(a.started + 1, 1ull);
+  }
   arrive(a.ctx, a.bar, e, t);
   bool used_put = false;
   for (int i = a.block_begin[blockIdx.x]; i < a.block_begin[blockIdx.x + 1]; ++i) {

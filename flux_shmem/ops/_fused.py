@@ -120,14 +120,14 @@ class FusedGEMM:
         # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
         self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
         # Whichever kernel of a fused call waits on the other's signals must never hold SMs while the other still
-        # waits for some: it is launched only once this event fires, when every block of the other kernel runs
-        # (AllGatherGEMM: the GEMM after the gather kernel; GEMMReduceScatter: the reduce kernel after the GEMM).
-        # Seen 2026-12-03 without it: 4 PEs under MPS, a PE's all-gather kernel not running while its GEMM and
-        # the peers' spun. CUDA releases the event "best effort": a late release (at the kernel's end) costs
-        # overlap, never a deadlock, since the waiting kernel is the second; an early one brings back the plain
-        # two-stream order.
-        # FLUX_SHMEM_START_EVENT=0 drops the guard (the second kernel then follows right away, on priority alone):
-        # under MPS the event was measured to release late, costing most of AllGatherGEMM's overlap (RESULTS.md).
+        # waits for some: it is launched only once every block of the other kernel runs. AllGatherGEMM: the
+        # gather kernel's last block to start raises a flag the GEMM's stream waits for (AllGather.wait_started,
+        # a stream memop: the kernel's own blocks open the gate). Seen 2026-12-03: 4 PEs under MPS, a PE's gather
+        # kernel not running while its GEMM and the peers' spun, both without a guard and with CUDA's
+        # launch-completion event as the guard (best effort; it held nothing back there). GEMMReduceScatter:
+        # the reduce kernel follows the GEMM once this event fires; the GEMM waits on nothing of the reduce
+        # kernel, so there the event only keeps the reduce kernel's blocks off the GEMM's SMs.
+        # FLUX_SHMEM_START_EVENT=0 drops both guards (the second kernel follows right away, on priority alone).
         self.comm_started = kmodule.StartEvent() if start_event_enabled() else None
         self.emulation = pacing.emulation()
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(

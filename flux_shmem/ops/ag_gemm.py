@@ -119,11 +119,14 @@ class AllGatherGEMM(FusedGEMM):
             self.comm_stream.wait_stream(main)
             if plan.engine == "ce":
                 ag.launch_ce(a_shard, stream=self.comm_stream)
+                # The GEMM starts once the barrier kernel is done (seen 2026-12-03, 4 PEs under MPS: every PE's
+                # GEMM spinning on CE flags whose copies waited behind a barrier kernel that had not run).
+                main.wait_event(ag.ce_barrier_done)
             else:
-                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks,
-                          started=self.comm_started)
-                if self.comm_started is not None:
-                    self.comm_started.wait(main)  # the GEMM starts once every gather block runs
+                gate = self.comm_started is not None
+                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks, gate=gate)
+                if gate:
+                    ag.wait_started(main)  # the GEMM starts once every gather block runs
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,

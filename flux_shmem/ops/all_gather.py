@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import abi
-from ..kernels.module import copy_async, load, write_value_async
+from ..kernels.module import copy_async, load, wait_value_async, write_value_async
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import get_runtime
 from ._schedule import ag_ce_copies, ag_plan, plan_tensors
@@ -56,8 +56,13 @@ class AllGather:
         # at the end of each call; a separate array, so that the epoch values of the SM engine never satisfy them.
         self.ce_flags = symmetric.zeros((W * self.max_chunks,), torch.int64) if copy_engine else None
         self.one = torch.ones(1, dtype=torch.int64, device=f"cuda:{self.rt.device}")  # the CE flags' target
+        # Recorded after launch_ce's barrier kernel: a consumer that spins on the CE flags waits for it first, so
+        # it never holds SMs the barrier kernel still needs (the copies after it need none).
+        self.ce_barrier_done = torch.cuda.Event()
         self.sync = signals.SyncState(self.rt)
         self._kernel = load("collectives").kernel("fs_all_gather")
+        # [started blocks, all started]: see launch(gate=True)
+        self._gate = torch.zeros(2, dtype=torch.int64, device=f"cuda:{self.rt.device}")
         self._plans: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._peers: list[tuple[int, int]] | None = None  # (gather, ce_flags) addresses per PE, for launch_ce
         self.pace = pacing.pace(self.rt.device)
@@ -97,6 +102,7 @@ class AllGather:
             self._peers = [(symmetric.peer(self.gather, p).data_ptr(), symmetric.peer(self.ce_flags, p).data_ptr())
                            for p in range(W)]
         self.sync.barrier(stream)
+        self.ce_barrier_done.record(stream)
         rows = x.shape[0]
         src = x.data_ptr()
         for cp in ag_ce_copies(me, W, rows, self.chunk_rows, self.cols * x.element_size()):
@@ -116,11 +122,11 @@ class AllGather:
                 f"{self.rt.world_size}, chunk_rows={self.chunk_rows}, node_size={self.rt.node_size})")
 
     def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True, blocks: int | None = None,
-               started=None) -> torch.Tensor:
+               gate: bool = False) -> torch.Tensor:
         """Gather x on `stream` into the internal symmetric buffer (returned), on `blocks` thread blocks (default
         comm_blocks). wait_all=False: the kernel ends once this PE's data is sent; consumers then wait on `flags`
-        themselves (the fused GEMM does). `started`: a kernels.module.StartEvent that fires once all of the
-        kernel's blocks run."""
+        themselves (the fused GEMM does). gate=True: the kernel's last block to start raises a flag that
+        `wait_started` holds another stream on."""
         rows = x.shape[0]
         elem = x.element_size()
         chunks = -(-rows // self.chunk_rows)
@@ -138,9 +144,19 @@ class AllGather:
                           flags=self.flags.data_ptr(), bar=self.sync.bar.data_ptr(),
                           epoch=self.sync.epoch.data_ptr(), units=units.data_ptr(), block_begin=offsets.data_ptr(),
                           shard_bytes=rows * self.cols * elem, chunk_bytes=self.chunk_rows * self.cols * elem,
-                          chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace)
-        self._kernel.launch(args, grid, 512, stream=stream, started=started)
+                          chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace,
+                          started=self._gate.data_ptr() if gate else 0)
+        self._kernel.launch(args, grid, 512, stream=stream)
         return self.gather[: self.rt.world_size * rows]
+
+    def wait_started(self, stream) -> None:
+        """Hold `stream` until every block of the last `launch(gate=True)` is running, then re-arm the gate. A GEMM
+        launched after this, which spins on chunk flags, can never hold SMs that this PE's gather kernel still
+        waits for. Unlike CUDA's launch-completion event (best effort, and under MPS not seen to hold anything
+        back) it is the kernel's own blocks that open it. A stream memop pair: graph-capturable, no SM."""
+        flag = self._gate.data_ptr() + 8
+        wait_value_async(flag, 1, stream)
+        write_value_async(flag, 0, stream)
 
     def check(self, x: torch.Tensor) -> None:
         check_tensor("x", x, dtype=self.dtype, device=self.rt.device)

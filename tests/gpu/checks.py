@@ -459,7 +459,12 @@ def soak_fused_ops(rt):
         return (a_all[rt.rank], weight(k, n, "nk", torch.bfloat16, 400 + seed)), torch.cat(a_all)
 
     engines = ["sm"] + (["ce"] if rt.node_size == W and flux_shmem.runtime.pacing.emulation() is None else [])
+    only = os.environ.get("FLUX_SHMEM_SOAK_ENGINES")  # e.g. "ce": soak only these AllGatherGEMM engines
+    if only:
+        engines = [e for e in engines if e in only.split(",")]
     for eng in engines:
+        if rt.rank == 0:
+            print(f"CHECK note: soak of AllGatherGEMM engine={eng}", flush=True)
         op = flux_shmem.AllGatherGEMM(ms * W, n, k, torch.bfloat16, mode="fused", engine=eng)
         soak(rt, lambda a, b: op(a, b), ag_inputs, lambda x, a_full: a_full.double() @ x[1].double(), calls, 100,
              f"AllGatherGEMM engine={eng}")
@@ -568,8 +573,9 @@ def start_event_releases_at_block_start(rt):
     """When does CUDA's launch-completion event (kernels.module.StartEvent, which the fused ops wait on before
     their second kernel) fire: once the kernel's blocks run, or only at its end? A one-thread kernel on stream A
     waits (2 s timeout, private error record) for a flag that stream B writes after waiting on the event of A's
-    launch. Block start: A returns at once; end: A times out first. Informational (the ops are correct either
-    way; a late release costs overlap): RESULTS.md records the answer with and without MPS."""
+    launch. Block start: A returns at once; end: A times out first. Informational: "at block start" cannot be told
+    apart from an event that holds nothing back, which is why AllGatherGEMM gates its GEMM on the gather kernel's
+    own start flag instead (AllGather.wait_started)."""
     import ctypes
     import time
     from flux_shmem.kernels import abi
@@ -974,6 +980,29 @@ def mps_concurrency(rt):
                   f"{max(togethers):.3f} ms (x{ratio:.2f}; {W}x would mean turns or shared SMs), SM budget "
                   f"{op.budget.sms} ({op.budget.source})", flush=True)
         sync_all()
+        # The benchmark's protocol on a shared GPU (benchmarks/baselines.py HostCollectives.sync: device sync and
+        # an MPI barrier before every timed call) against a device barrier before every call (no host sync).
+        for proto in ("host sync + barrier", "device barrier"):
+            ts = []
+            for _ in range(20):
+                if proto == "host sync + barrier":
+                    torch.cuda.synchronize()
+                    rt.host.barrier()
+                else:
+                    flux_shmem.barrier()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                ts.append((start, end))
+            torch.cuda.synchronize()
+            ms = sorted(s_.elapsed_time(e_) for s_, e_ in ts)
+            meds = rt.host.allgather(ms[len(ms) // 2])
+            mins = rt.host.allgather(ms[0])
+            if rt.rank == 0:
+                print(f"CHECK note: {name}, per call after a {proto}: median {max(meds):.3f} ms, min {min(mins):.3f} "
+                      "ms (max / min over PEs)", flush=True)
+            sync_all()
 
 
 # ------------------------------------------------------------------------------------------------------------
