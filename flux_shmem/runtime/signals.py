@@ -16,6 +16,8 @@ import torch
 
 from ..errors import SignalTimeoutError
 from ..kernels import abi
+from ..kernels.module import load
+from . import symmetric
 from .state import Runtime, get_runtime
 
 
@@ -88,7 +90,6 @@ class SyncState:
     """
 
     def __init__(self, rt: Runtime | None = None):
-        from . import symmetric
         rt = rt or get_runtime()
         self.bar = symmetric.zeros((rt.world_size,), torch.int64)
         self.epoch = torch.ones(1, dtype=torch.int64, device=f"cuda:{rt.device}")
@@ -96,7 +97,6 @@ class SyncState:
     def barrier(self, stream=None) -> None:
         """Arrive in this state's current epoch and wait for every PE's arrival (no bump: the caller's call ends
         with one). One block, one thread per PE."""
-        from ..kernels.module import load
         rt = get_runtime()
         args = abi.BarrierArgs(ctx=ctx(), bar=self.bar.data_ptr(), epoch=self.epoch.data_ptr(),
                                node_size=rt.node_size)
@@ -104,7 +104,6 @@ class SyncState:
         load("collectives").kernel("fs_barrier").launch(args, 1, threads, stream=stream)
 
     def bump(self, stream=None) -> None:
-        from ..kernels.module import load
         load("collectives").kernel("fs_epoch_bump").launch(abi.EpochArgs(self.epoch.data_ptr()), 1, 1,
                                                            stream=stream)
 
@@ -124,7 +123,6 @@ class SignalPool:
     """`n` uint64 signal words on every PE (symmetric), for kernels that synchronise on them. Collective."""
 
     def __init__(self, n: int):
-        from . import symmetric
         if n <= 0:
             raise ValueError(f"a signal pool needs n >= 1 signals, got {n}")
         self.n = n
@@ -145,6 +143,5 @@ class SignalPool:
 
     def wait(self, index: int, at_least: int, stream=None) -> None:
         """Make `stream` wait (on the device, with the runtime's timeout) until signal `index` >= `at_least`."""
-        from ..kernels.module import load
         args = abi.WaitArgs(ctx=ctx(), sig=self.ptr(index), expected=at_least)
         load("collectives").kernel("fs_wait_signal").launch(args, 1, 32, stream=stream)

@@ -932,6 +932,38 @@ def comm_block_rates(rt):
         flux_shmem.barrier()
 
 
+@check("gemm")
+def per_call_timing(rt):
+    """Informational: one GEMM timed per call after a device sync (the GPU idle before each call), as the
+    benchmarks do on a shared GPU, with the host time of the launch itself; cuBLAS beside ours. Under MPS our
+    GEMM's median was twice its minimum this way (cuBLAS's was not): a host launch path slower than the kernel
+    would show here as launch ms ~ the gap."""
+    import time
+    m, n, k = 8192, 3584, 8192
+    g = torch.Generator(device="cuda").manual_seed(11 + rt.rank)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    op = flux_shmem.AllGatherGEMM(m * rt.world_size, n, k, torch.bfloat16, mode="decomposed")
+    for name, fn in (("cuBLAS", lambda: a @ w.t()), (f"ours ({op.sms} CTAs)", lambda: op.gemm_only(a, w.t()))):
+        fn()
+        dev, host = [], []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            fn()
+            host.append((time.perf_counter() - t0) * 1e3)
+            end.record()
+            end.synchronize()
+            dev.append(start.elapsed_time(end))
+        dev.sort()
+        host.sort()
+        print(f"CHECK note: PE {rt.rank} {name} {m}x{n}x{k} per call after a sync: device median {dev[10]:.3f} ms, "
+              f"min {dev[0]:.3f} ms; host launch median {host[10]:.3f} ms, max {host[-1]:.3f} ms "
+              f"(MPS {os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE') or 'off'})", flush=True)
+
+
 @check("emulation")
 def mps_concurrency(rt):
     """Whether PEs sharing this GPU really run at once on separate SMs: the same GEMM (cuBLAS, and our persistent
