@@ -39,8 +39,8 @@ export FLUX_SHMEM_TIMEOUT_S=${FLUX_SHMEM_TIMEOUT_S:-60}
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -m flux_shmem.build --list --config all 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
 # MPS_TOTAL_PCT (default 100): the share of the SMs all PEs together may use. MPS caps how many SMs a client holds,
-# not which: with shares summing to 100% a persistent grid whose SMs a peer's kernel still holds waits a whole
-# wave; less than 100 leaves slack for that.
+# not which; less than 100 leaves slack between the PEs' persistent grids (tried with 90 on 2026-12-03: no better,
+# benchmarks/RESULTS.md).
 mps_share() { [ -n "${FLUX_SHMEM_TEST_MPS:-}" ] && \
   export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((${MPS_TOTAL_PCT:-100} / $1)); true; }
 rc=0

@@ -61,11 +61,11 @@ def wait_value_async(addr: int, value: int, stream) -> None:
 
 class StartEvent:
     """An event that fires once every block of one kernel launch has begun executing (CUDA's launch-completion
-    event, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT), for `Kernel.launch(started=...)`. A stream that waits on it
-    runs its next kernel only once that launch holds all its SMs: a persistent GEMM that spins on signals of a
-    communication kernel is then never resident while that kernel still waits for SMs (which CUDA's plain
-    two-stream concurrency does not promise: another PE's or process's kernels may take them in between).
-    CUDA calls the trigger best effort; an early release only brings back the plain two-stream behaviour."""
+    event, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT), for `Kernel.launch(started=...)`: a stream that waits on it
+    runs its next kernel once that launch's blocks run. CUDA calls the trigger best effort, and under MPS no check
+    could show it holding anything back, so it orders only launches that cannot deadlock either way (GEMM+RS's
+    reduce kernel after its GEMM); a spinning consumer is gated on its producer's own start flag instead
+    (AllGather.wait_started)."""
 
     def __init__(self) -> None:
         driver = _driver()
@@ -227,7 +227,7 @@ class Module:
             nv.library_init(self._nv_obj)
         self.host_lib = ctypes.CDLL(str(art.host_lib)) if art.host_lib else None
         self._kernels: dict[str, Kernel] = {}
-        self.loaded = load_into_context(int(self.obj.handle))
+        load_into_context(int(self.obj.handle))
 
     def kernel(self, name: str) -> Kernel:
         if name not in self._kernels:

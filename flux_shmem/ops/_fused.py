@@ -10,7 +10,6 @@ import torch
 
 from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
-from ..kernels import module as kmodule
 from ..kernels import registry
 from ..runtime import pacing
 from ..runtime.state import get_runtime
@@ -109,26 +108,22 @@ class FusedGEMM:
         # loads lazily can wait for the running kernels (kernels/module.py load_into_context). Build or load
         # errors surface here too.
         for c in registry.names():
-            for layout in ("kn", "nk"):
+            for layout in kgemm.B_LAYOUTS:
                 kgemm.CutlassGemm.get(self.family, dtype, layout, c)
         self.budget = sm_budget(rt.device)
         self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
         if self.sms < self.cluster_m:
             raise ValueError(f"{name}: this context may use {self.budget.sms} SM(s) ({self.budget.source}), fewer "
                              f"than one {self.cluster_m}-CTA cluster: raise CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-        # The comm kernel is launched first and on a high-priority stream, so that its blocks are scheduled ahead
-        # of the GEMM's when both wait for SMs; the split below keeps both inside the budget.
+        # The comm stream has the highest priority, so that its blocks are scheduled ahead of the GEMM's when
+        # both wait for SMs; the split below keeps both inside the budget.
         self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
         # Whichever kernel of a fused call waits on the other's signals must never hold SMs while the other still
-        # waits for some: it is launched only once every block of the other kernel runs. AllGatherGEMM: the
-        # gather kernel's last block to start raises a flag the GEMM's stream waits for (AllGather.wait_started,
-        # a stream memop: the kernel's own blocks open the gate). Seen 2026-12-03: 4 PEs under MPS, a PE's gather
-        # kernel not running while its GEMM and the peers' spun, both without a guard and with CUDA's
-        # launch-completion event as the guard (best effort; it held nothing back there). GEMMReduceScatter:
-        # the reduce kernel follows the GEMM once this event fires; the GEMM waits on nothing of the reduce
-        # kernel, so there the event only keeps the reduce kernel's blocks off the GEMM's SMs.
-        # FLUX_SHMEM_START_EVENT=0 drops both guards (the second kernel follows right away, on priority alone).
-        self.comm_started = kmodule.StartEvent() if start_event_enabled() else None
+        # waits for some: it is launched only once every block of the other kernel runs (AllGatherGEMM: its start
+        # gate; GEMMReduceScatter: a launch-completion event). Seen 2026-12-03 without a guard: 4 PEs under MPS,
+        # a PE's gather kernel not running while its GEMM and the peers' spun. FLUX_SHMEM_START_EVENT=0 drops
+        # the guards (the second kernel follows right away, on priority alone).
+        self.guarded = start_event_enabled()
         self.emulation = pacing.emulation()
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(
             self.emulation.gbps, self.emulation.latency_us, self.emulation.ib_gbps, self.emulation.ib_latency_us)

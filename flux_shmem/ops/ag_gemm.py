@@ -123,10 +123,12 @@ class AllGatherGEMM(FusedGEMM):
                 # GEMM spinning on CE flags whose copies waited behind a barrier kernel that had not run).
                 main.wait_event(ag.ce_barrier_done)
             else:
-                gate = self.comm_started is not None
-                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks, gate=gate)
-                if gate:
-                    ag.wait_started(main)  # the GEMM starts once every gather block runs
+                # The GEMM starts once every gather block runs (a flag the kernel's own blocks raise: CUDA's
+                # launch-completion event was seen to hold nothing back under MPS).
+                ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks,
+                          gate=self.guarded)
+                if self.guarded:
+                    ag.wait_started(main)
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,

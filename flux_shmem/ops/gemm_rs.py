@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..kernels import gemm as kgemm
+from ..kernels import module as kmodule
 from ..kernels import registry
 from ..runtime import signals, symmetric
 from . import simulate
@@ -51,6 +52,8 @@ class GEMMReduceScatter(FusedGEMM):
         # between PEs (whose tuning caches may differ).
         mine = self.gemm_choice(max_m, "nk", self.sms, fused=True).config
         self.configs = (rt.host.allgather(mine)[0],)
+        # Fires once every GEMM CTA runs; the reduce kernel follows it, so its blocks stay off the GEMM's SMs.
+        self.gemm_started = kmodule.StartEvent() if self.guarded else None
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
                                    comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS))
 
@@ -108,9 +111,9 @@ class GEMMReduceScatter(FusedGEMM):
             self.comm_stream.wait_stream(main)
             tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
-                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.comm_started)
-            if self.comm_started is not None:
-                self.comm_started.wait(self.comm_stream)
+                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.gemm_started)
+            if self.gemm_started is not None:
+                self.gemm_started.wait(self.comm_stream)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
                        blocks=plan.comm_blocks, **tail)
             # The last wave's reductions, on every SM the GEMM just left.

@@ -932,6 +932,17 @@ def comm_block_rates(rt):
         flux_shmem.barrier()
 
 
+def shard_gemms(rt, seed: int):
+    """The TP8 Llama-3-70B up-projection shard GEMM (8192 x 3584 x 8192 bf16, B an [N, K] weight) on fresh random
+    inputs, as cuBLAS and as our gemm_only on the whole SM budget: ((m, n, k), op, {label: fn})."""
+    m, n, k = 8192, 3584, 8192
+    g = torch.Generator(device="cuda").manual_seed(seed + rt.rank)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    op = flux_shmem.AllGatherGEMM(m * rt.world_size, n, k, torch.bfloat16, mode="decomposed")
+    return (m, n, k), op, {"cuBLAS": lambda: a @ w.t(), f"ours ({op.sms} CTAs)": lambda: op.gemm_only(a, w.t())}
+
+
 @check("gemm")
 def per_call_timing(rt):
     """Informational: one GEMM timed per call after a device sync (the GPU idle before each call), as the
@@ -939,12 +950,8 @@ def per_call_timing(rt):
     GEMM's median was twice its minimum this way (cuBLAS's was not): a host launch path slower than the kernel
     would show here as launch ms ~ the gap."""
     import time
-    m, n, k = 8192, 3584, 8192
-    g = torch.Generator(device="cuda").manual_seed(11 + rt.rank)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    op = flux_shmem.AllGatherGEMM(m * rt.world_size, n, k, torch.bfloat16, mode="decomposed")
-    for name, fn in (("cuBLAS", lambda: a @ w.t()), (f"ours ({op.sms} CTAs)", lambda: op.gemm_only(a, w.t()))):
+    (m, n, k), _, fns = shard_gemms(rt, 11)
+    for name, fn in fns.items():
         fn()
         dev, host = [], []
         for _ in range(20):
@@ -973,12 +980,7 @@ def mps_concurrency(rt):
     W = rt.world_size
     if W == 1:
         return
-    m, n, k = 8192, 3584, 8192
-    g = torch.Generator(device="cuda").manual_seed(7 + rt.rank)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    op = flux_shmem.AllGatherGEMM(m * W, n, k, torch.bfloat16, mode="decomposed")
-    fns = {"cuBLAS": lambda: a @ w.t(), f"ours ({op.sms} CTAs)": lambda: op.gemm_only(a, w.t())}
+    (m, n, k), op, fns = shard_gemms(rt, 7)
 
     def timed(fn, reps=10):
         fn()
