@@ -387,6 +387,11 @@ def _run(args: argparse.Namespace) -> int:
                               "GEMMReduceScatter": {"comm_blocks": args.comm_blocks}},
                   mode=args.mode)
     suite.plan([p for p, why in problems if why is None])
+    config["timing"] = (f"per call after a host sync + MPI barrier, then a {suite.lead_us:g} us GPU lead (device time, "
+                        "not the host's launch path)" if suite.lead_us else "per call after an NCCL all-reduce")
+    say(f"{PROG}: timing {config['timing']}")
+    if writer:
+        writer.write({"type": "timing", "protocol": config["timing"]})
     progress = report.Progress(len(problems), enabled=is_root and not args.no_progress)
     records: List[dict] = []
     failures = 0

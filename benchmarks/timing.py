@@ -3,7 +3,12 @@
 Each measured iteration is bracketed by two CUDA events on the current
 stream; an optional ``sync`` callable runs before every iteration, outside
 the events (``run.py`` passes a one-element NCCL all-reduce so that all ranks
-start each iteration together without a host round trip).  Input sets are
+start each iteration together without a host round trip).  Where ``sync``
+waits on the host (ranks sharing a GPU line up through MPI), ``lead_us``
+first queues that long a GPU sleep, outside the events: the host then
+enqueues the timed call while the GPU sleeps, so the figure is device time,
+not the host's launch path (which per_call_timing showed costing our GEMM
+~0.3 ms per call on the H200 machine's host).  Input sets are
 rotated (iteration ``i`` uses ``sets[i % len(sets)]``) so that weights and
 activations are not still in L2 from the previous iteration.
 """
@@ -13,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-__all__ = ["cuda_time", "relative_error", "l2_cache_bytes", "free_bytes"]
+__all__ = ["cuda_time", "gpu_sleep", "relative_error", "l2_cache_bytes", "free_bytes"]
 
 
 def cuda_time(
@@ -23,6 +28,7 @@ def cuda_time(
     warmup: int,
     iters: int,
     sync: Optional[Callable[[], None]] = None,
+    lead_us: float = 0.0,
 ) -> List[float]:
     """Per-iteration device times in ms of ``fn(*sets[i % len(sets)])``."""
     if not sets:
@@ -40,11 +46,31 @@ def cuda_time(
     for i in range(iters):
         if sync is not None:
             sync()
+        if lead_us > 0:
+            gpu_sleep(lead_us)
         starts[i].record()
         fn(*sets[(warmup + i) % n])
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+_CYCLES_PER_US: Optional[float] = None
+
+
+def gpu_sleep(us: float) -> None:
+    """Queue about `us` microseconds of GPU spinning on the current stream (torch.cuda._sleep, one block),
+    calibrated once against CUDA events."""
+    global _CYCLES_PER_US
+    if _CYCLES_PER_US is None:
+        torch.cuda._sleep(100_000)  # warm
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_US = 2_000_000 / max(start.elapsed_time(end) * 1e3, 1e-3)
+    torch.cuda._sleep(max(1, int(us * _CYCLES_PER_US)))
 
 
 @torch.no_grad()

@@ -295,7 +295,8 @@ def test_fused_ops_choose_within_their_tile_height(monkeypatch):
     from flux_shmem.ops._fused import FusedGEMM
 
     same_height = tuple(c for c in registry.names() if registry.get(c).tile_m == registry.get(registry.DEFAULT).tile_m)
-    op = types.SimpleNamespace(n=1280, k=8192, dtype=torch.bfloat16, configs=same_height, plain_configs=lambda: None)
+    op = types.SimpleNamespace(n=1280, k=8192, dtype=torch.bfloat16, configs=same_height, plain_configs=lambda: None,
+                              _choices={})
     monkeypatch.setattr(config, "_tuned", lambda *a, **k: None)
     plain = FusedGEMM.gemm_choice(op, 8192, "nk", 132)
     assert plain.split > 1  # the QKV shard shape's partial last wave is split in the plain GEMM ...

@@ -112,6 +112,7 @@ class Kernel:
         self._handle = driver.CUkernel(int(self._k.handle))
         self.param_size = self._param_size(driver, name)
         self._smem_set = 0
+        self._configs: dict[tuple, tuple] = {}
 
     def _param_size(self, driver, name: str) -> int | None:
         """Size of the single parameter, or None where the driver cannot tell (cuKernelGetParamInfo: CUDA 12.4+)."""
@@ -156,6 +157,39 @@ class Kernel:
             return None
         return int(n) if n else None
 
+    def _config(self, grid: tuple, block: tuple, smem: int, stream: int, cluster: tuple | None,
+                started: "StartEvent | None") -> object:
+        """The CUlaunchConfig of one launch geometry on one stream (made once: building it through the bindings on
+        every launch was a measurable part of a call's host time)."""
+        key = (grid, block, smem, stream, cluster, id(started) if started is not None else None)
+        cfg = self._configs.get(key)
+        if cfg is not None:
+            return cfg[0]
+        driver = _driver()
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = smem
+        cfg.hStream = driver.CUstream(stream)
+        attrs = []
+        if cluster is not None and cluster != (1, 1, 1):
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = cluster + (1,) * (3 - len(cluster))
+            attrs.append(a)
+        if started is not None:
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+            a.value.launchCompletionEvent.event = started.handle
+            a.value.launchCompletionEvent.flags = 0
+            attrs.append(a)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        if len(self._configs) >= 256:  # streams come and go: keep the table bounded
+            self._configs.clear()
+        self._configs[key] = (cfg, started)  # the event is kept alive with the config that names it
+        return cfg
+
     def launch(self, args: ArgBlock, grid: Sequence[int] | int, block: Sequence[int] | int, *, smem: int = 0,
                stream=None, cluster: Sequence[int] | None = None, started: "StartEvent | None" = None) -> None:
         """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter.
@@ -173,25 +207,8 @@ class Kernel:
         driver = _driver()
         buf = ctypes.create_string_buffer(blob, len(blob))
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        cfg = driver.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-        cfg.sharedMemBytes = smem
-        cfg.hStream = driver.CUstream(stream.cuda_stream)
-        attrs = []
-        if cluster is not None and tuple(cluster) != (1, 1, 1):
-            a = driver.CUlaunchAttribute()
-            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
-            attrs.append(a)
-        if started is not None:
-            a = driver.CUlaunchAttribute()
-            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
-            a.value.launchCompletionEvent.event = started.handle
-            a.value.launchCompletionEvent.flags = 0
-            attrs.append(a)
-        cfg.attrs = attrs
-        cfg.numAttrs = len(attrs)
+        cfg = self._config(grid, block, smem, stream.cuda_stream, tuple(cluster) if cluster is not None else None,
+                           started)
         _check(driver.cuLaunchKernelEx(cfg, self._handle, ctypes.addressof(ptrs), 0), f"launch {self.name}")
 
 

@@ -128,6 +128,7 @@ class FusedGEMM:
         self.links = simulate.Links() if self.emulation is None else simulate.emulated_links(
             self.emulation.gbps, self.emulation.latency_us, self.emulation.ib_gbps, self.emulation.ib_latency_us)
         self._plans: dict[int, CallPlan] = {}
+        self._choices: dict[tuple, kconfig.Choice] = {}
 
     # ---------------------------------------------------------------------------------------------------------
     def gemm_model(self, k: int, config: str = registry.DEFAULT) -> simulate.Gemm:
@@ -144,11 +145,17 @@ class FusedGEMM:
     def gemm_choice(self, m: int, layout: str, sm_count: int, *, fused: bool = False) -> kconfig.Choice:
         """The chooser's configuration for this op's GEMM with M = m on `sm_count` SMs. The fused GEMM keeps the
         op's tile height and whole tiles (split 1): its overlap plan (arrival order, counters per M-tile, tail)
-        is made for those."""
+        is made for those. Chosen once per (m, layout, SMs) for the op's life, like the call plans: asking the
+        chooser (environment, tuning-cache file) on every call cost more host time than a small GEMM runs."""
+        key = (m, layout, sm_count, fused)
+        hit = self._choices.get(key)
+        if hit is not None:
+            return hit
         configs = self.configs if fused else self.plain_configs()
         c = kconfig.choose(m, self.n, self.k, self.dtype, layout, sm_count, configs=configs)
         if fused and c.split > 1:
             c = dataclasses.replace(c, split=1, reason=c.reason + "; fused: whole tiles")
+        self._choices[key] = c
         return c
 
     def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:

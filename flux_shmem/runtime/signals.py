@@ -31,6 +31,7 @@ class ErrorChannel:
         self.slot[1] = self.record.data_ptr()
         torch.cuda.synchronize()
         self._timeout_s = rt.timeout_s
+        self._ctx: tuple | None = None
         self._stop = threading.Event()
         self._reported = False
         self._thread = threading.Thread(target=self._watch, name="flux_shmem-watchdog", daemon=True)
@@ -38,8 +39,11 @@ class ErrorChannel:
         atexit.register(self._report)  # a process dying right after a trap still says why
 
     def ctx(self, rt: Runtime) -> abi.Ctx:
-        return abi.Ctx(err=self.slot.data_ptr(), timeout_ns=int(rt.timeout_s * 1e9), my_pe=rt.rank,
-                       n_pes=rt.world_size, trap_on_timeout=int(rt.trap_on_timeout))
+        key = (rt.timeout_s, rt.rank, rt.world_size, rt.trap_on_timeout)
+        if self._ctx is None or self._ctx[0] != key:  # made once: every kernel launch of every call takes it
+            self._ctx = (key, abi.Ctx(err=self.slot.data_ptr(), timeout_ns=int(rt.timeout_s * 1e9), my_pe=rt.rank,
+                                      n_pes=rt.world_size, trap_on_timeout=int(rt.trap_on_timeout)))
+        return self._ctx[1]  # callers copy it into their argument structs (ctypes copies struct fields)
 
     def read(self) -> abi.ErrorRecord | None:
         rec = abi.ErrorRecord.from_address(self.record.data_ptr())

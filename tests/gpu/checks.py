@@ -971,6 +971,88 @@ def per_call_timing(rt):
               f"(MPS {os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE') or 'off'})", flush=True)
 
 
+@check("gemm")
+def host_path_profile(rt):
+    """Informational: where a call's host time goes (cProfile over 30 calls, top functions by own time), for our
+    gemm_only and, with several PEs, one fused call of each op. A host path slower than the GPU shows in every
+    per-call measurement (per_call_timing) and in eager use whenever the GPU waits for the host."""
+    import cProfile
+    import pstats
+    import io
+    (m, n, k), op, fns = shard_gemms(rt, 13)
+    W = rt.world_size
+    calls = {"gemm_only": fns[f"ours ({op.sms} CTAs)"]}
+    if W > 1:
+        g = torch.Generator(device="cuda").manual_seed(5 + rt.rank)
+        ag = flux_shmem.AllGatherGEMM(2048 * W, 1024, 1024, torch.bfloat16, mode="fused", engine="sm")
+        xa = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+        wa = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+        rs = flux_shmem.GEMMReduceScatter(2048 * W, 1024, 1024, torch.bfloat16, mode="fused")
+        calls["AllGatherGEMM fused"] = lambda: ag(xa, wa.t())
+        xr = xa.repeat(W, 1)
+        calls["GEMMReduceScatter fused"] = lambda: rs(xr, wa.t())
+    for name, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        rt.host.barrier()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(30):
+            fn()
+        prof.disable()
+        host_ms = (time.perf_counter() - t0) * 1e3 / 30
+        torch.cuda.synchronize()
+        rt.host.barrier()
+        if rt.rank == 0:
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(8)
+            rows = [ln for ln in text.getvalue().splitlines() if ln.strip()[:1].isdigit()][:8]
+            print(f"CHECK note: host path of {name}: {host_ms * 1e3:.0f} us per call (profiled); top by own "
+                  "time (ncalls tottime percall cumtime percall where):", flush=True)
+            for ln in rows:
+                print(f"CHECK note:   {ln.strip()}", flush=True)
+
+
+@check("emulation")
+def persistent_grid_slack(rt):
+    """Informational: our persistent GEMM per call after a host sync + barrier (the benchmark's protocol on a
+    shared GPU) with its grid at the SM budget and a few SMs below it. Under MPS its median was about twice its
+    minimum while cuBLAS's was not: if a grid that fills the budget exactly cannot always be resident at once
+    (clusters of 2 need two free SMs of one GPC), a few SMs of slack should remove the doubling."""
+    W = rt.world_size
+    if W == 1:
+        return
+    (m, n, k), op, fns = shard_gemms(rt, 17)
+    g = torch.Generator(device="cuda").manual_seed(23 + rt.rank)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    variants = {"cuBLAS": lambda: a @ w.t()}
+    for slack in (0, 2, 4, 8, 16):
+        s = op.sms - slack
+        if s >= 2:
+            variants[f"ours {s} CTAs"] = (lambda s=s: op.gemm_only(a, w.t(), sm_count=s))
+    for name, fn in variants.items():
+        fn()
+        ts = []
+        for _ in range(16):
+            torch.cuda.synchronize()
+            rt.host.barrier()
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU lead: the host enqueues the call before the GPU reaches it
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            ts.append((start, end))
+        torch.cuda.synchronize()
+        ms = sorted(s_.elapsed_time(e_) for s_, e_ in ts)
+        meds, mins = rt.host.allgather(ms[len(ms) // 2]), rt.host.allgather(ms[0])
+        if rt.rank == 0:
+            print(f"CHECK note: {name} {m}x{n}x{k} per call after host sync + barrier + GPU lead: median "
+                  f"{max(meds):.3f} ms, min {min(mins):.3f} ms (max / min over PEs; budget {op.budget.sms} SMs, "
+                  f"{op.budget.source})", flush=True)
+
+
 @check("emulation")
 def mps_concurrency(rt):
     """Whether PEs sharing this GPU really run at once on separate SMs: the same GEMM (cuBLAS, and our persistent
