@@ -254,9 +254,18 @@ class Module:
 
 def load(family: str, config: str | None = None) -> Module:
     """The loaded module of a family (of one kernel configuration for the GEMM families; None = the default); one
-    per process and configuration. Families that use NVSHMEM need it initialised first; the GEMM families do not."""
-    cfg = kbuild.resolve_config(family, config)
-    return _load(family, cfg.name if cfg is not None else None)
+    per process and configuration. Families that use NVSHMEM need it initialised first; the GEMM families do not.
+    Ops ask for their modules on every call, so the answer is cached by the arguments as given (resolving a
+    configuration reads the family's source)."""
+    key = (family, config if config is None or isinstance(config, str) else config.name)
+    mod = _BY_ARGS.get(key)
+    if mod is None:
+        cfg = kbuild.resolve_config(family, config)
+        mod = _BY_ARGS[key] = _load(family, cfg.name if cfg is not None else None)
+    return mod
+
+
+_BY_ARGS: dict[tuple, Module] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -264,4 +273,10 @@ def _load(family: str, config: str | None) -> Module:
     return Module(family, config)
 
 
-load.cache_clear = _load.cache_clear  # type: ignore[attr-defined]  # finalize() forgets every loaded module
+def _forget_all() -> None:
+    """finalize(): forget every loaded module (a later init loads them again)."""
+    _BY_ARGS.clear()
+    _load.cache_clear()
+
+
+load.cache_clear = _forget_all  # type: ignore[attr-defined]

@@ -1017,28 +1017,41 @@ def host_path_profile(rt):
 @check("emulation")
 def persistent_grid_slack(rt):
     """Informational: our persistent GEMM per call after a host sync + barrier (the benchmark's protocol on a
-    shared GPU) with its grid at the SM budget and a few SMs below it. Under MPS its median was about twice its
-    minimum while cuBLAS's was not: if a grid that fills the budget exactly cannot always be resident at once
-    (clusters of 2 need two free SMs of one GPC), a few SMs of slack should remove the doubling."""
+    shared GPU), against cuBLAS. Under MPS its median was about twice its minimum while cuBLAS's was not, and 2 or
+    4 SMs of slack in the grid did not change that (2026-12-03). The variants ask what does: PEs that start
+    together or staggered, a grid of half the budget, other kernel configurations."""
     W = rt.world_size
     if W == 1:
         return
     (m, n, k), op, fns = shard_gemms(rt, 17)
+    from benchmarks import timing as flux_timing
     g = torch.Generator(device="cuda").manual_seed(23 + rt.rank)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    variants = {"cuBLAS": lambda: a @ w.t()}
-    for slack in (0, 2, 4, 8, 16):
-        s = op.sms - slack
-        if s >= 2:
-            variants[f"ours {s} CTAs"] = (lambda s=s: op.gemm_only(a, w.t(), sm_count=s))
-    for name, fn in variants.items():
+    from flux_shmem.kernels import config as kconfig, gemm as kgemm
+
+    def forced(cfg: str, sms: int):
+        c = kconfig.choose(m, n, k, torch.bfloat16, "nk", sms)
+        c = kconfig.Choice(cfg, c.swizzle if cfg == c.config else 1, 1, "forced", "persistent_grid_slack")
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return lambda: kgemm.gemm(a, w.t(), out=out, choice=c, sm_count=sms)
+
+    S = op.sms
+    # (name, fn, extra GPU lead of PE r in us: r * stagger)
+    variants = [("cuBLAS", lambda: a @ w.t(), 0), (f"ours {S} CTAs", lambda: op.gemm_only(a, w.t()), 0),
+                (f"ours {S} CTAs, PEs staggered 400 us", lambda: op.gemm_only(a, w.t()), 400),
+                (f"ours {S - 4} CTAs", lambda: op.gemm_only(a, w.t(), sm_count=S - 4), 0),
+                (f"ours {S // 2} CTAs", lambda: op.gemm_only(a, w.t(), sm_count=S // 2), 0),
+                (f"ours 128x128_c2x1_pp {S} CTAs", forced("128x128_c2x1_pp", S), 0),
+                (f"ours 256x128_c1x2 {S} CTAs", forced("256x128_c1x2", S), 0)]
+    for name, fn, stagger in variants:
         fn()
         ts = []
         for _ in range(16):
             torch.cuda.synchronize()
             rt.host.barrier()
-            torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU lead: the host enqueues the call before the GPU reaches it
+            # ~1 ms of GPU lead: the host enqueues the call before the GPU reaches it
+            flux_timing.gpu_sleep(1000 + stagger * rt.rank)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -1049,8 +1062,8 @@ def persistent_grid_slack(rt):
         meds, mins = rt.host.allgather(ms[len(ms) // 2]), rt.host.allgather(ms[0])
         if rt.rank == 0:
             print(f"CHECK note: {name} {m}x{n}x{k} per call after host sync + barrier + GPU lead: median "
-                  f"{max(meds):.3f} ms, min {min(mins):.3f} ms (max / min over PEs; budget {op.budget.sms} SMs, "
-                  f"{op.budget.source})", flush=True)
+                  f"{' / '.join(f'{x:.3f}' for x in meds)} ms (per PE), min {min(mins):.3f} ms (budget "
+                  f"{op.budget.sms} SMs, {op.budget.source})", flush=True)
 
 
 @check("emulation")
