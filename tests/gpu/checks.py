@@ -1043,7 +1043,9 @@ def persistent_grid_slack(rt):
                 (f"ours {S - 4} CTAs", lambda: op.gemm_only(a, w.t(), sm_count=S - 4), 0),
                 (f"ours {S // 2} CTAs", lambda: op.gemm_only(a, w.t(), sm_count=S // 2), 0),
                 (f"ours 128x128_c2x1_pp {S} CTAs", forced("128x128_c2x1_pp", S), 0),
-                (f"ours 256x128_c1x2 {S} CTAs", forced("256x128_c1x2", S), 0)]
+                (f"ours 256x128_c1x2 {S} CTAs", forced("256x128_c1x2", S), 0),
+                (f"ours 128x256_c1x1 {S} CTAs (no cluster)", forced("128x256_c1x1", S), 0),
+                (f"ours 128x256_c1x1 {S} CTAs (no cluster), PEs staggered 400 us", forced("128x256_c1x1", S), 400)]
     for name, fn, stagger in variants:
         fn()
         ts = []
