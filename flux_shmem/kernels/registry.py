@@ -80,7 +80,6 @@ CONFIGS: Dict[str, KernelConfig] = _entries(
     KernelConfig("256x128_c1x2", 256, 128, 1, 2, "cooperative"),
     KernelConfig("128x128_c2x1", 128, 128, 2, 1, "cooperative"),
     KernelConfig("128x128_c2x1_pp", 128, 128, 2, 1, "pingpong"),
-    KernelConfig("128x256_c1x1", 128, 256, 1, 1, "cooperative"),
 )
 DEFAULT = "128x256_c2x1"
 
