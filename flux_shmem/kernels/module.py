@@ -195,7 +195,7 @@ class Kernel:
         """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter.
         `started`: a StartEvent that fires once all blocks of this launch are running."""
         import torch
-        blob = bytes(args) if not isinstance(args, (bytes, bytearray)) else bytes(args)
+        blob = bytes(args)
         if self.param_size is not None and len(blob) != self.param_size:
             raise BuildError(f"{self.name}: argument block is {len(blob)} bytes, the cubin expects "
                              f"{self.param_size}: the Python mirror of the C struct is out of date")

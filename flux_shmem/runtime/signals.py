@@ -31,19 +31,17 @@ class ErrorChannel:
         self.slot[1] = self.record.data_ptr()
         torch.cuda.synchronize()
         self._timeout_s = rt.timeout_s
-        self._ctx: tuple | None = None
+        # Made once (the runtime's settings are fixed for the channel's life): every kernel launch takes it.
+        self._ctx = abi.Ctx(err=self.slot.data_ptr(), timeout_ns=int(rt.timeout_s * 1e9), my_pe=rt.rank,
+                            n_pes=rt.world_size, trap_on_timeout=int(rt.trap_on_timeout))
         self._stop = threading.Event()
         self._reported = False
         self._thread = threading.Thread(target=self._watch, name="flux_shmem-watchdog", daemon=True)
         self._thread.start()
         atexit.register(self._report)  # a process dying right after a trap still says why
 
-    def ctx(self, rt: Runtime) -> abi.Ctx:
-        key = (rt.timeout_s, rt.rank, rt.world_size, rt.trap_on_timeout)
-        if self._ctx is None or self._ctx[0] != key:  # made once: every kernel launch of every call takes it
-            self._ctx = (key, abi.Ctx(err=self.slot.data_ptr(), timeout_ns=int(rt.timeout_s * 1e9), my_pe=rt.rank,
-                                      n_pes=rt.world_size, trap_on_timeout=int(rt.trap_on_timeout)))
-        return self._ctx[1]  # callers copy it into their argument structs (ctypes copies struct fields)
+    def ctx(self) -> abi.Ctx:
+        return self._ctx  # callers copy it into their argument structs (ctypes copies struct fields)
 
     def read(self) -> abi.ErrorRecord | None:
         rec = abi.ErrorRecord.from_address(self.record.data_ptr())
@@ -82,8 +80,7 @@ def check_errors() -> None:
 
 def ctx() -> abi.Ctx:
     """The timeout/error context every kernel takes."""
-    rt = get_runtime()
-    return rt._internal["errors"].ctx(rt)
+    return get_runtime()._internal["errors"].ctx()
 
 
 class SyncState:

@@ -943,6 +943,20 @@ def shard_gemms(rt, seed: int):
     return (m, n, k), op, {"cuBLAS": lambda: a @ w.t(), f"ours ({op.sms} CTAs)": lambda: op.gemm_only(a, w.t())}
 
 
+def per_call_ms(fn, before, calls: int) -> list:
+    """Device ms of `calls` calls of fn, sorted, each bracketed by CUDA events after `before()` (outside them)."""
+    ts = []
+    for _ in range(calls):
+        before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        ts.append((start, end))
+    torch.cuda.synchronize()
+    return sorted(s.elapsed_time(e) for s, e in ts)
+
+
 @check("gemm")
 def per_call_timing(rt):
     """Informational: one GEMM timed per call after a device sync (the GPU idle before each call), as the
@@ -1047,19 +1061,13 @@ def persistent_grid_slack(rt):
                 (f"ours 256x128_c1x2 {S} CTAs", forced("256x128_c1x2", S), 0)]
     for name, fn, stagger in variants:
         fn()
-        ts = []
-        for _ in range(16):
+
+        def before(stagger=stagger):
             torch.cuda.synchronize()
             rt.host.barrier()
             # ~1 ms of GPU lead: the host enqueues the call before the GPU reaches it
             flux_timing.gpu_sleep(1000 + stagger * rt.rank)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            ts.append((start, end))
-        torch.cuda.synchronize()
-        ms = sorted(s_.elapsed_time(e_) for s_, e_ in ts)
+        ms = per_call_ms(fn, before, 16)
         meds, mins = rt.host.allgather(ms[len(ms) // 2]), rt.host.allgather(ms[0])
         if rt.rank == 0:
             print(f"CHECK note: {name} {m}x{n}x{k} per call after host sync + barrier + GPU lead: median "
@@ -1112,21 +1120,11 @@ def mps_concurrency(rt):
         sync_all()
         # The benchmark's protocol on a shared GPU (benchmarks/baselines.py HostCollectives.sync: device sync and
         # an MPI barrier before every timed call) against a device barrier before every call (no host sync).
-        for proto in ("host sync + barrier", "device barrier"):
-            ts = []
-            for _ in range(20):
-                if proto == "host sync + barrier":
-                    torch.cuda.synchronize()
-                    rt.host.barrier()
-                else:
-                    flux_shmem.barrier()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                ts.append((start, end))
+        def host_sync_barrier():
             torch.cuda.synchronize()
-            ms = sorted(s_.elapsed_time(e_) for s_, e_ in ts)
+            rt.host.barrier()
+        for proto, before in (("host sync + barrier", host_sync_barrier), ("device barrier", flux_shmem.barrier)):
+            ms = per_call_ms(fn, before, 20)
             meds = rt.host.allgather(ms[len(ms) // 2])
             mins = rt.host.allgather(ms[0])
             if rt.rank == 0:
