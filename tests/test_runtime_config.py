@@ -67,3 +67,40 @@ def test_start_event_switch(monkeypatch):
     monkeypatch.setenv("FLUX_SHMEM_START_EVENT", "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         start_event_enabled()
+
+
+def test_sm_partition_setting_and_split(monkeypatch):
+    from flux_shmem.errors import FluxShmemError
+    from flux_shmem.runtime import partition
+    monkeypatch.delenv(partition.ENV, raising=False)
+    assert partition.mode_from_env() == "none"
+    monkeypatch.setenv(partition.ENV, "Green")
+    assert partition.mode_from_env() == "green"
+    monkeypatch.setenv(partition.ENV, "mps")
+    with pytest.raises(ValueError, match="one of none, green"):
+        partition.mode_from_env()
+    # H200: 132 SMs, Hopper green contexts align to 8
+    assert partition.group_size(132, 1) == 128
+    assert partition.group_size(132, 2) == 64
+    assert partition.group_size(132, 4) == 32
+    assert partition.group_size(132, 16) == 8
+    with pytest.raises(FluxShmemError, match="fewer PEs"):
+        partition.group_size(132, 17)
+    with pytest.raises(ValueError):
+        partition.group_size(132, 0)
+    with pytest.raises(ValueError, match="outside"):
+        partition.create(0, 2, 2)
+
+
+def test_sm_budget_follows_the_active_partition(monkeypatch):
+    """With a green context active the budget is its group, whatever MPS or the device say."""
+    from flux_shmem.runtime import partition, sm_budget as smb
+    part = partition.Partition(device=5, index=1, groups=2, sms=64, device_sms=132, green_ctx=None, stream_handle=0)
+    monkeypatch.setitem(partition._ACTIVE, 5, part)
+    smb.sm_budget.cache_clear()
+    try:
+        b = smb.sm_budget.__wrapped__(5)
+    finally:
+        smb.sm_budget.cache_clear()
+    assert (b.sms, b.device_sms) == (64, 132)
+    assert "green context 1/2" in b.source

@@ -11,7 +11,7 @@ import torch
 from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
 from ..kernels import registry
-from ..runtime import pacing
+from ..runtime import pacing, partition
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
 from . import simulate
@@ -117,7 +117,7 @@ class FusedGEMM:
                              f"than one {self.cluster_m}-CTA cluster: raise CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
         # The comm stream has the highest priority, so that its blocks are scheduled ahead of the GEMM's when
         # both wait for SMs; the split below keeps both inside the budget.
-        self.comm_stream = torch.cuda.Stream(device=rt.device, priority=min(torch.cuda.Stream.priority_range()))
+        self.comm_stream = partition.side_stream(rt.device, priority=min(torch.cuda.Stream.priority_range()))
         # Whichever kernel of a fused call waits on the other's signals must never hold SMs while the other still
         # waits for some: it is launched only once every block of the other kernel runs (AllGatherGEMM: its start
         # gate; GEMMReduceScatter: a launch-completion event). Seen 2026-12-03 without a guard: 4 PEs under MPS,

@@ -14,7 +14,7 @@ import warnings
 from typing import Iterator
 
 from ..errors import FluxShmemError, NoGPUError
-from . import signals, symmetric
+from . import partition, signals, symmetric
 from .host import MPI, HostCollectives, MpiHost, choose_launcher, mpi_host, torch_host
 from .state import LOCK, Runtime, get_runtime, is_initialized, set_runtime
 from .topology import Layout, kernel_node_size, layout_from_hosts
@@ -116,6 +116,7 @@ def init(comm=None, *, group=None, device: int | None = None, heap_size: int | N
         if on_timeout not in ("trap", "raise"):
             raise ValueError(f"FLUX_SHMEM_ON_TIMEOUT must be 'trap' or 'raise', got {on_timeout!r}")
 
+        partition_mode = partition.mode_from_env()
         uid = broadcast_unique_id(host)
         gpus = _agree_gpu(host)
         import torch
@@ -132,6 +133,11 @@ def init(comm=None, *, group=None, device: int | None = None, heap_size: int | N
         if nv.my_pe() != layout.rank or nv.n_pes() != layout.world_size:
             raise FluxShmemError(f"NVSHMEM PE {nv.my_pe()}/{nv.n_pes()} does not match {host.name} rank "
                                  f"{layout.rank}/{layout.world_size}")
+        here = (layout.node, dev_index)
+        sharing = [pe for pe, key in enumerate(host.allgather(here)) if tuple(key) == here]
+        if partition_mode == "green":
+            # PE i of the k on this GPU runs on group i of k equal groups of its SMs (runtime/partition.py)
+            partition.create(dev_index, sharing.index(layout.rank), len(sharing))
         rt = Runtime(host=host, layout=layout, device=dev_index, node_size=1, reachable=(), force_put=force_put,
                      timeout_s=timeout_s, trap_on_timeout=on_timeout == "trap",
                      shares_gpu=layout.local_size > gpus)
@@ -174,6 +180,7 @@ def finalize() -> None:
         module.load.cache_clear()
         rt._internal.clear()
         symmetric._free_all()
+        partition.release(rt.device)
         nv.finalize()
         set_runtime(None)
 

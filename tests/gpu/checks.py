@@ -1075,6 +1075,55 @@ def persistent_grid_slack(rt):
                   f"{op.budget.sms} SMs, {op.budget.source})", flush=True)
 
 
+_SM_IDS_SRC = r"""
+extern "C" __global__ void fs_sm_ids(unsigned int* out, long long spin) {
+  unsigned int id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  const long long t0 = clock64();
+  while (clock64() - t0 < spin) {}
+  if (threadIdx.x == 0) out[blockIdx.x] = id;
+}
+"""
+
+
+@check("emulation")
+def sm_partition(rt):
+    """Which SMs each PE's kernels run on while all PEs run at once: a kernel of many short blocks records
+    %smid per block. With FLUX_SHMEM_SM_PARTITION=green the PEs on one GPU must use disjoint SM sets, each within
+    its green context's count; without, this reports how far MPS clients' SM sets overlap."""
+    from cuda.core import Device, LaunchConfig, Program, ProgramOptions, Stream, launch
+    from flux_shmem.runtime import partition
+    part = partition.active(rt.device)
+    dev = Device(rt.device)
+    arch = "sm_" + "".join(str(x) for x in dev.compute_capability)
+    kern = Program(_SM_IDS_SRC, code_type="c++", options=ProgramOptions(arch=arch)).compile("cubin") \
+        .get_kernel("fs_sm_ids")
+    blocks = 4096
+    out = torch.full((blocks,), -1, dtype=torch.int32, device="cuda")
+    stream = Stream.from_handle(torch.cuda.current_stream().cuda_stream)
+    clock_hz = 1.98e9
+    import numpy as np
+    torch.cuda.synchronize()
+    rt.host.barrier()
+    launch(stream, LaunchConfig(grid=blocks, block=128), kern, out.data_ptr(), np.int64(int(20e-6 * clock_hz)))
+    torch.cuda.synchronize()
+    ids = out.cpu().tolist()
+    assert all(0 <= i < 1024 for i in ids), f"PE {rt.rank}: a block recorded no SM id"
+    mine = sorted(set(ids))
+    sets = rt.host.allgather(mine)
+    shared = set()
+    for i in range(len(sets)):
+        for j in range(i + 1, len(sets)):
+            shared |= set(sets[i]) & set(sets[j])
+    if rt.rank == 0:
+        desc = "; ".join(f"PE {pe}: {len(s)} SMs [{s[0]}..{s[-1]}]" for pe, s in enumerate(sets))
+        print(f"CHECK note: sm_partition ({part.describe() if part else 'no partition'}): {desc}; "
+              f"SMs used by more than one PE: {len(shared)}", flush=True)
+    if part is not None:
+        assert len(mine) <= part.sms, f"PE {rt.rank}: ran on {len(mine)} SMs, its green context has {part.sms}"
+        assert not shared, f"green contexts of PEs on one GPU share {len(shared)} SMs: {sorted(shared)[:16]}"
+
+
 @check("emulation")
 def mps_concurrency(rt):
     """Whether PEs sharing this GPU really run at once on separate SMs: the same GEMM (cuBLAS, and our persistent
