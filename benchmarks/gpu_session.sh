@@ -41,8 +41,12 @@ python3 -m flux_shmem.build --list --config all 2>&1 | tee "$OUT/build.log"  # c
 # MPS_TOTAL_PCT (default 100): the share of the SMs all PEs together may use. MPS caps how many SMs a client holds,
 # not which; less than 100 leaves slack between the PEs' persistent grids (tried with 90 on 2026-12-03: no better,
 # benchmarks/RESULTS.md).
-mps_share() { [ -n "${FLUX_SHMEM_TEST_MPS:-}" ] && \
-  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((${MPS_TOTAL_PCT:-100} / $1)); true; }
+# With FLUX_SHMEM_SM_PARTITION=green each PE's green context says which SMs it uses, so MPS caps nothing (100).
+mps_share() {
+  [ -z "${FLUX_SHMEM_TEST_MPS:-}" ] && return 0
+  if [ "${FLUX_SHMEM_SM_PARTITION:-none}" = green ]; then export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100
+  else export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((${MPS_TOTAL_PCT:-100} / $1)); fi
+}
 rc=0
 if [ "$what" = checks ]; then  # checks NP NAME...: named groups or checks of tests/gpu/checks.py under NP PEs
   np_=$1; shift

@@ -1088,9 +1088,12 @@ extern "C" __global__ void fs_sm_ids(unsigned int* out, long long spin) {
 
 @check("emulation")
 def sm_partition(rt):
-    """Which SMs each PE's kernels run on while all PEs run at once: a kernel of many short blocks records
-    %smid per block. With FLUX_SHMEM_SM_PARTITION=green the PEs on one GPU must use disjoint SM sets, each within
-    its green context's count; without, this reports how far MPS clients' SM sets overlap."""
+    """How many SMs each PE's kernels run on while all PEs run at once: a kernel of many short blocks records
+    %smid per block; in a green context (FLUX_SHMEM_SM_PARTITION=green) no more than the context's count. Under
+    MPS %smid is virtual (2026-12-03: two clients at 50% both saw SMs 0..65, and both green contexts 0..63), so
+    this cannot show whether the PEs' SMs are disjoint; persistent_grid_slack and mps_concurrency show it by time
+    (with green contexts neither PE's persistent grid lost half its speed, and the PEs ran at once at x0.92-1.11
+    of alone)."""
     from cuda.core import Device, LaunchConfig, Program, ProgramOptions, Stream, launch
     from flux_shmem.runtime import partition
     part = partition.active(rt.device)
@@ -1111,17 +1114,12 @@ def sm_partition(rt):
     assert all(0 <= i < 1024 for i in ids), f"PE {rt.rank}: a block recorded no SM id"
     mine = sorted(set(ids))
     sets = rt.host.allgather(mine)
-    shared = set()
-    for i in range(len(sets)):
-        for j in range(i + 1, len(sets)):
-            shared |= set(sets[i]) & set(sets[j])
     if rt.rank == 0:
         desc = "; ".join(f"PE {pe}: {len(s)} SMs [{s[0]}..{s[-1]}]" for pe, s in enumerate(sets))
-        print(f"CHECK note: sm_partition ({part.describe() if part else 'no partition'}): {desc}; "
-              f"SMs used by more than one PE: {len(shared)}", flush=True)
+        print(f"CHECK note: sm_partition ({part.describe() if part else 'no partition'}): {desc} (SM ids as the "
+              "context sees them: virtual under MPS)", flush=True)
     if part is not None:
         assert len(mine) <= part.sms, f"PE {rt.rank}: ran on {len(mine)} SMs, its green context has {part.sms}"
-        assert not shared, f"green contexts of PEs on one GPU share {len(shared)} SMs: {sorted(shared)[:16]}"
 
 
 @check("emulation")
