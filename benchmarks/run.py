@@ -261,18 +261,6 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     torch.cuda.set_device(mpi_local_rank % max(torch.cuda.device_count(), 1))
-    from flux_shmem.runtime.sm_budget import sm_budget
-
-    budget = sm_budget(torch.cuda.current_device())
-    emulated = None
-    if args.emulate_link:
-        env = emulation_env(args.emulate_link, budget.share)
-        os.environ.update(env)
-        gbps, lat = EMULATED_LINKS[args.emulate_link]
-        emulated = {"preset": args.emulate_link, "gbps": float(env["FLUX_SHMEM_LINK_GBPS"]), "latency_us": lat,
-                    "sm_share": budget.share, "how": f"{gbps:g} GB/s x SM share {budget.share:.3f} "
-                                                   f"({budget.sms} of {budget.device_sms} SMs, {budget.source})"}
-
     # flux_shmem: its absence makes "ours" unavailable, the baselines still run.
     flux, rt, flux_error = None, None, None
     try:
@@ -290,6 +278,21 @@ def _run(args: argparse.Namespace) -> int:
         flux_error = errors[0]
     if flux_error:
         say(f"{PROG}: warning: {flux_error}; measuring the baselines only")
+
+    # After init: a green-context partition (FLUX_SHMEM_SM_PARTITION=green) is made there and is the budget. The
+    # link emulation is read when the ops are built, below.
+    from flux_shmem.runtime.sm_budget import sm_budget
+
+    budget = sm_budget(torch.cuda.current_device())
+    emulated = None
+    if args.emulate_link:
+        env = emulation_env(args.emulate_link, budget.share)
+        os.environ.update(env)
+        gbps, lat = EMULATED_LINKS[args.emulate_link]
+        emulated = {"preset": args.emulate_link, "gbps": float(env["FLUX_SHMEM_LINK_GBPS"]), "latency_us": lat,
+                    "sm_share": budget.share, "how": f"{gbps:g} GB/s x SM share {budget.share:.3f} "
+                                                   f"({budget.sms} of {budget.device_sms} SMs, {budget.source})"}
+
 
     local_size = getattr(rt, "local_size", mpi_local_size) if flux is not None else mpi_local_size
     num_nodes = getattr(rt, "num_nodes", None) if flux is not None else None

@@ -97,10 +97,6 @@ def test_sm_budget_follows_the_active_partition(monkeypatch):
     from flux_shmem.runtime import partition, sm_budget as smb
     part = partition.Partition(device=5, index=1, groups=2, sms=64, device_sms=132, green_ctx=None, stream_handle=0)
     monkeypatch.setitem(partition._ACTIVE, 5, part)
-    smb.sm_budget.cache_clear()
-    try:
-        b = smb.sm_budget.__wrapped__(5)
-    finally:
-        smb.sm_budget.cache_clear()
+    b = smb.sm_budget(5)
     assert (b.sms, b.device_sms) == (64, 132)
     assert "green context 1/2" in b.source

@@ -67,12 +67,16 @@ def _affinity_sms() -> int | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
 def sm_budget(device: int) -> SmBudget:
     """The budget of this process on CUDA device `device` (its context current)."""
     part = partition.active(device)
     if part is not None:  # a green context of this PE's own SMs (FLUX_SHMEM_SM_PARTITION=green)
         return SmBudget(part.sms, max(part.device_sms, part.sms), part.describe())
+    return _context_budget(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _context_budget(device: int) -> SmBudget:
     import torch
     torch.cuda.set_device(device)
     torch.empty(1, device=f"cuda:{device}")  # make the primary context exist and be current
