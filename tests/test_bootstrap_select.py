@@ -74,7 +74,7 @@ def test_torch_host_needs_torchrun_env(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ import order
 LAYERS = ["errors", "kernels", "runtime", "ops", "nn"]            # a package imports only lower ones
-RUNTIME = {"topology": 0, "host": 0, "partition": 0, "state": 1, "sm_budget": 1, "symmetric": 2, "signals": 3,
+RUNTIME = {"topology": 0, "host": 0, "partition": 0, "stall": 0, "state": 1, "sm_budget": 1, "symmetric": 2, "signals": 3,
            "bootstrap": 4}
 
 

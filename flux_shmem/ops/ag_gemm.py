@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..kernels import gemm as kgemm
-from ..runtime import signals, symmetric
+from ..runtime import pacing, signals, stall, symmetric
 from . import simulate
 from ._fused import FusedGEMM
 from ._validate import positive
@@ -115,8 +115,11 @@ class AllGatherGEMM(FusedGEMM):
         main = torch.cuda.current_stream()
         ag = self.ag
         plan = self.call_plan(m, layout)
+        trace = stall.begin("AllGatherGEMM")
         if plan.path == "fused":
             self.comm_stream.wait_stream(main)
+            if trace is not None:
+                trace.stage("comm stream past the caller's prior work", self.comm_stream, "comm")
             if plan.engine == "ce":
                 ag.launch_ce(a_shard, stream=self.comm_stream)
                 # The GEMM starts once the barrier kernel is done (seen 2026-12-03, 4 PEs under MPS: every PE's
@@ -127,12 +130,18 @@ class AllGatherGEMM(FusedGEMM):
                 # launch-completion event was seen to hold nothing back under MPS).
                 ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks,
                           gate=self.guarded)
+                if trace is not None:
+                    trace.stage(f"gather kernel ({plan.comm_blocks} blocks) finished", self.comm_stream, "comm")
                 if self.guarded:
                     ag.wait_started(main)
+                    if trace is not None:
+                        trace.stage("start gate opened (every gather block ran)", main, "main")
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,
                        order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, engine=plan.engine)
+            if trace is not None:
+                trace.stage(f"fused GEMM ({plan.gemm_sms} CTAs) finished", main, "main")
             main.wait_stream(self.comm_stream)
             if plan.engine == "ce":
                 ag.ce_done(main)
@@ -141,6 +150,13 @@ class AllGatherGEMM(FusedGEMM):
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=plan.gemm_sms,
                        order=None, swizzle=plan.swizzle, choice=plan.gemm)
         ag.sync.bump(main)
+        if trace is not None:
+            trace.stage("call done (epoch bumped)", main, "main")
+            for label, t in (("epoch", ag.sync.epoch), ("gate [started blocks, open]", ag._gate),
+                             ("barrier slots", ag.sync.bar), ("chunk flags", ag.flags),
+                             ("emulated link clocks (ns)", pacing.clock(self.rt.device))):
+                if t is not None:
+                    trace.word(label, t)
         if return_gathered:
             return out, ag.gather[:m].clone()
         return out

@@ -17,7 +17,7 @@ import torch
 from ..kernels import gemm as kgemm
 from ..kernels import module as kmodule
 from ..kernels import registry
-from ..runtime import signals, symmetric
+from ..runtime import signals, stall, symmetric
 from . import simulate
 from ._fused import FusedGEMM
 from ._validate import positive
@@ -103,7 +103,10 @@ class GEMMReduceScatter(FusedGEMM):
         main = torch.cuda.current_stream()
         plan = self.call_plan(m, layout)
         tiles_n = -(-self.n // registry.get(plan.config).tile_n)  # the reduce engine counts the GEMM's tiles
+        trace = stall.begin("GEMMReduceScatter")
         eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my partial
+        if trace is not None:
+            trace.stage("barrier (every PE past its previous call)", main, "main")
         if plan.path == "fused":
             # The GEMM never waits on the reduce kernel, which waits on the GEMM's tiles: the GEMM goes first and
             # the reduce kernel starts once all GEMM CTAs run. Seen 2026-12-03 with the reduce kernel first and the
@@ -112,10 +115,14 @@ class GEMMReduceScatter(FusedGEMM):
             tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
                        order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.gemm_started)
+            if trace is not None:
+                trace.stage(f"fused GEMM ({plan.gemm_sms} CTAs) finished", main, "main")
             if self.gemm_started is not None:
                 self.gemm_started.wait(self.comm_stream)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
                        blocks=plan.comm_blocks, **tail)
+            if trace is not None:
+                trace.stage(f"reduce kernel ({plan.comm_blocks} blocks) finished", self.comm_stream, "comm")
             # The last wave's reductions, on every SM the GEMM just left.
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main, blocks=plan.comm_blocks,
                        part="tail", **tail)
@@ -127,6 +134,11 @@ class GEMMReduceScatter(FusedGEMM):
                        order=None, swizzle=plan.swizzle, choice=plan.gemm)
             eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)
         eng.sync.bump(main)
+        if trace is not None:
+            trace.stage("call done (epoch bumped)", main, "main")
+            for label, t in (("epoch", eng.sync.epoch), ("barrier slots", eng.sync.bar),
+                             ("M-tile counters", eng.rows_ready)):
+                trace.word(label, t)
         return out
 
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -14,7 +14,7 @@ import warnings
 from typing import Iterator
 
 from ..errors import FluxShmemError, NoGPUError
-from . import partition, signals, symmetric
+from . import partition, signals, stall, symmetric
 from .host import MPI, HostCollectives, MpiHost, choose_launcher, mpi_host, torch_host
 from .state import LOCK, Runtime, get_runtime, is_initialized, set_runtime
 from .topology import Layout, kernel_node_size, layout_from_hosts
@@ -154,6 +154,7 @@ def _finish_init(rt: Runtime, hosts: list[str]) -> None:
     """Error reporting, the runtime's barrier, and who reaches whom (needs a symmetric allocation)."""
     import nvshmem.bindings as nvb
     rt._internal["errors"] = signals.ErrorChannel(rt)
+    stall.start(rt.rank, rt.device)  # FLUX_SHMEM_STALL_REPORT_S: report what a stuck call waits for
     sync = signals.SyncState(rt)  # symmetric: probes reachability too
     rt._internal["barrier"] = sync
     base = sync.bar.data_ptr()

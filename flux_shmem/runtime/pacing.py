@@ -82,6 +82,11 @@ def _clock(device: int):
     return torch.zeros(2, dtype=torch.int64, device=f"cuda:{device}")  # when each link class is next free
 
 
+def clock(device: int):
+    """This process's link clocks, or None without emulation."""
+    return _clock(device) if emulation() is not None else None
+
+
 def pace(device: int) -> abi.Pace:
     """The Pace argument of this PE's comm kernels: one link clock per process, shared by all ops."""
     em = emulation()

@@ -1,0 +1,137 @@
+"""Stall reports: what this process's last fused calls were waiting for when the host stopped making progress.
+
+Device spin-waits time out and say which PE and which signal (signals.py). A stream can also wait where no
+kernel spins and nothing times out: a stream memop (AllGather's start gate), an event of a kernel that never
+became resident, a link-emulation clock. With FLUX_SHMEM_STALL_REPORT_S=N, every op call ticks a counter, and a
+thread prints, once no op was called for N s, each traced call's stages (CUDA events recorded after each step:
+done or not) and the device words the call depends on, read on a private stream (stderr, one report per stall).
+Off by default: the events cost a few microseconds of host time per call. Imports nothing of flux_shmem.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+ENV = "FLUX_SHMEM_STALL_REPORT_S"
+
+
+def interval_from(env) -> Optional[float]:
+    raw = env.get(ENV, "").strip()
+    if not raw or raw == "0":
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV}={raw!r} is not a number of seconds") from None
+    if v <= 0:
+        raise ValueError(f"{ENV}={raw!r} must be > 0 (or 0 / unset: off)")
+    return v
+
+
+@dataclasses.dataclass
+class Trace:
+    """One call of one op: its stages in issue order and the device words it depends on."""
+
+    op: str
+    call: int
+    stages: list = dataclasses.field(default_factory=list)  # (label, stream name, torch.cuda.Event)
+    words: list = dataclasses.field(default_factory=list)   # (label, int64 tensor, kept alive here)
+
+    def stage(self, label: str, stream, stream_name: str) -> None:
+        import torch
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        self.stages.append((label, stream_name, ev))
+
+    def word(self, label: str, tensor) -> None:
+        self.words.append((label, tensor))
+
+
+class _Watcher:
+    def __init__(self, interval: float, pe: int, device: int):
+        self.interval, self.pe, self.device = interval, pe, device
+        self.tick = 0
+        self.last: dict[str, Trace] = {}
+        self._reported_tick = -1
+        self._since = time.monotonic()
+        self._seen_tick = 0
+        self._lock = threading.Lock()
+        self._stream = None
+        threading.Thread(target=self._run, name="flux_shmem-stall", daemon=True).start()
+
+    def begin(self, op: str) -> Trace:
+        with self._lock:
+            self.tick += 1
+            tr = self.last[op] = Trace(op, self.tick)
+        return tr
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.interval / 4))
+            with self._lock:
+                tick = self.tick
+            now = time.monotonic()
+            if tick != self._seen_tick:
+                self._seen_tick, self._since = tick, now
+            elif now - self._since >= self.interval and self._reported_tick != tick:
+                self._reported_tick = tick
+                try:
+                    print(self.report(now - self._since), file=sys.stderr, flush=True)
+                except Exception as e:  # noqa: BLE001 - a report must never take the process down
+                    print(f"flux_shmem: PE {self.pe}: stall report failed: {e!r}", file=sys.stderr, flush=True)
+
+    def _read(self, tensor) -> str:
+        """The tensor's int64 words, copied on a private non-blocking stream (the op's streams may be stuck)."""
+        import ctypes
+        from cuda.bindings import driver
+        if self._stream is None:
+            import torch
+            torch.cuda.set_device(self.device)
+            err, ctx = driver.cuDevicePrimaryCtxRetain(self.device)
+            driver.cuCtxSetCurrent(ctx)
+            self._stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+        n = min(tensor.numel(), 64)
+        buf = (ctypes.c_int64 * n)()
+        driver.cuMemcpyDtoHAsync(ctypes.addressof(buf), tensor.data_ptr(), 8 * n, self._stream)
+        deadline = time.monotonic() + 5
+        while driver.cuStreamQuery(self._stream)[0] != driver.CUresult.CUDA_SUCCESS:
+            if time.monotonic() > deadline:
+                return "<copy did not complete in 5 s>"
+            time.sleep(0.01)
+        vals = list(buf)
+        more = f" ... ({tensor.numel()} words)" if tensor.numel() > n else ""
+        return " ".join(str(v) for v in vals) + more
+
+    def report(self, stalled_s: float) -> str:
+        with self._lock:
+            traces = sorted(self.last.values(), key=lambda t: t.call)
+        lines = [f"flux_shmem: PE {self.pe}: no op call for {stalled_s:.0f} s ({ENV}); last call of each op, "
+                 "stages in issue order:"]
+        for tr in traces:
+            lines.append(f"  {tr.op} call {tr.call}:")
+            for label, stream, ev in tr.stages:
+                lines.append(f"    [{'done' if ev.query() else 'PENDING'}] {label} ({stream})")
+            for label, t in tr.words:
+                lines.append(f"    {label} = {self._read(t)}")
+        return "\n".join(lines)
+
+
+_WATCHER: Optional[_Watcher] = None
+
+
+def start(pe: int, device: int) -> None:
+    """init(): start the watcher when the environment asks for one."""
+    global _WATCHER
+    interval = interval_from(os.environ)
+    if interval is not None and _WATCHER is None:
+        _WATCHER = _Watcher(interval, pe, device)
+
+
+def begin(op: str) -> Optional[Trace]:
+    """An op call starts: a Trace to record its stages into, or None when stall reports are off."""
+    w = _WATCHER
+    return None if w is None else w.begin(op)
