@@ -70,16 +70,19 @@ extern "C" __global__ void fs_barrier(const __grid_constant__ BarrierArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Test hook: one thread waits for *sig >= expected (timeouts and error records are tested through this).
+// One thread waits for *sig >= expected with the runtime timeout: the all-gather start gate, signals.wait, and the
+// timeout/error-record tests.
 struct WaitArgs {
   Ctx ctx;
   const uint64_t* sig;
   uint64_t expected;
+  int site;   // what the timeout report calls the signal (kSite*, or 6: the all-gather start gate, abi.SITES)
+  int index;
 };
 
 extern "C" __global__ void fs_wait_signal(const __grid_constant__ WaitArgs a) {
 #ifdef FS_DEVICE_PASS
-  if (threadIdx.x == 0 && blockIdx.x == 0) wait_ge(a.ctx, a.sig, a.expected, kSiteTest, 0);
+  if (threadIdx.x == 0 && blockIdx.x == 0) wait_ge(a.ctx, a.sig, a.expected, a.site, a.index);
 #endif
 }
 

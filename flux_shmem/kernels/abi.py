@@ -30,7 +30,7 @@ class BarrierArgs(ctypes.Structure):
 
 
 class WaitArgs(ctypes.Structure):
-    _fields_ = [("ctx", Ctx), ("sig", c_ptr), ("expected", c_u64)]
+    _fields_ = [("ctx", Ctx), ("sig", c_ptr), ("expected", c_u64), ("site", c_i32), ("index", c_i32)]
 
 
 class Pace(ctypes.Structure):
@@ -65,8 +65,11 @@ RS_EXTEND_COUNTERS, RS_SIGNAL_DONE = 1, 2  # RsArgs.flags (csrc/collectives.cu)
 SITES = {1: "barrier arrival slot of PE", 2: "all-gather chunk flag (source PE * chunks + chunk)",
          3: "GEMM rows-ready counter (epilogue: M-tile; reduce: PE * M-tiles + M-tile)",
          4: "reduce-scatter receive signal (node * units + unit)",
-         5: "reduce-scatter done slot of PE", 9: "test signal"}
-HINTS = {2: " If the all-gather kernel of the source PE never ran, another kernel may hold the SMs it needs (the "
+         5: "reduce-scatter done slot of PE",
+         6: "all-gather start gate (the blocks of this PE's gather kernel that have started)", 9: "test signal"}
+HINTS = {6: " The gather kernel's blocks could not all become resident: another kernel holds the SMs of this "
+            "context (see FLUX_SHMEM_SMS, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, FLUX_SHMEM_SM_PARTITION).",
+         2: " If the all-gather kernel of the source PE never ran, another kernel may hold the SMs it needs (the "
             "fused GEMM leaves comm_blocks SMs free of the context's budget): run fewer concurrent kernels, or use "
             "engine='ce'.",
          3: " If the GEMM of that PE never finished its tiles, check that every PE called the op the same number "

@@ -50,15 +50,6 @@ def write_value_async(addr: int, value: int, stream) -> None:
            "cuStreamWriteValue64")
 
 
-def wait_value_async(addr: int, value: int, stream) -> None:
-    """Hold `stream` (a torch stream) until the 64-bit word at device address `addr` is >= `value`
-    (cuStreamWaitValue64, GEQ): the stream's front end waits, no SM does. Captured into CUDA graphs as a memop node."""
-    driver = _driver()
-    _check(driver.cuStreamWaitValue64(driver.CUstream(stream.cuda_stream), driver.CUdeviceptr(addr),
-                                      driver.cuuint64_t(value), driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ),
-           "cuStreamWaitValue64")
-
-
 class StartEvent:
     """An event that fires once every block of one kernel launch has begun executing (CUDA's launch-completion
     event, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT), for `Kernel.launch(started=...)`: a stream that waits on it

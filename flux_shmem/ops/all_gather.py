@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import abi
-from ..kernels.module import copy_async, load, wait_value_async, write_value_async
+from ..kernels.module import copy_async, load, write_value_async
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import get_runtime
 from ._schedule import ag_ce_copies, ag_plan, plan_tensors
@@ -153,9 +153,12 @@ class AllGather:
         """Hold `stream` until every block of the last `launch(gate=True)` is running, then re-arm the gate. A GEMM
         launched after this, which spins on chunk flags, can never hold SMs that this PE's gather kernel still
         waits for. Unlike CUDA's launch-completion event (best effort, and under MPS not seen to hold anything
-        back) it is the kernel's own blocks that open it. A stream memop pair: graph-capturable, no SM."""
+        back) it is the kernel's own blocks that open it. The wait is a one-block kernel with the runtime's
+        timeout, which reports this PE and the gate if the gather blocks never all start (a stream memop wait
+        would hang silently); the re-arm is a memop. Both graph-capturable."""
         flag = self._gate.data_ptr() + 8
-        wait_value_async(flag, 1, stream)
+        args = abi.WaitArgs(ctx=signals.ctx(), sig=flag, expected=1, site=6, index=0)
+        load("collectives").kernel("fs_wait_signal").launch(args, 1, 32, stream=stream)
         write_value_async(flag, 0, stream)
 
     def check(self, x: torch.Tensor) -> None:

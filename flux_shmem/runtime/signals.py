@@ -144,5 +144,5 @@ class SignalPool:
 
     def wait(self, index: int, at_least: int, stream=None) -> None:
         """Make `stream` wait (on the device, with the runtime's timeout) until signal `index` >= `at_least`."""
-        args = abi.WaitArgs(ctx=ctx(), sig=self.ptr(index), expected=at_least)
+        args = abi.WaitArgs(ctx=ctx(), sig=self.ptr(index), expected=at_least, site=9, index=index)
         load("collectives").kernel("fs_wait_signal").launch(args, 1, 32, stream=stream)

@@ -1,8 +1,8 @@
 """Stall reports: what this process's last fused calls were waiting for when the host stopped making progress.
 
 Device spin-waits time out and say which PE and which signal (signals.py). A stream can also wait where no
-kernel spins and nothing times out: a stream memop (AllGather's start gate), an event of a kernel that never
-became resident, a link-emulation clock. With FLUX_SHMEM_STALL_REPORT_S=N, every op call ticks a counter, and a
+kernel spins and nothing times out: an event of a kernel that never became resident, a kernel launch queued
+behind one, a link-emulation clock. With FLUX_SHMEM_STALL_REPORT_S=N, every op call ticks a counter, and a
 thread prints, once no op was called for N s, each traced call's stages (CUDA events recorded after each step:
 done or not) and the device words the call depends on, read on a private stream (stderr, one report per stall).
 Off by default: the events cost a few microseconds of host time per call. Imports nothing of flux_shmem.

@@ -592,7 +592,7 @@ def start_event_releases_at_block_start(rt):
     torch.cuda.synchronize()
     ev = StartEvent()
     t0 = time.perf_counter()
-    load("collectives").kernel("fs_wait_signal").launch(abi.WaitArgs(ctx=ctx, sig=flag.data_ptr(), expected=1), 1, 32,
+    load("collectives").kernel("fs_wait_signal").launch(abi.WaitArgs(ctx=ctx, sig=flag.data_ptr(), expected=1, site=9), 1, 32,
                                                         stream=a, started=ev)
     ev.wait(b)
     write_value_async(flag.data_ptr(), 1, b)
