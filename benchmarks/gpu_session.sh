@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu_session.sh mps <any of the above>
 # `mps` first starts a CUDA MPS daemon (the GPU's compute mode and settings stay untouched) so that several PEs on
 # one GPU run at once instead of time-slicing; each PE gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = MPS_TOTAL_PCT / NP
-# (tests/test_gpu.py sets it per launch); the daemon is stopped at the end.
+# (tests/test_gpu.py sets it per launch), or each PE gets a green context of its own SMs (the default in this
+# mode) and MPS caps nothing; the daemon is stopped at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -23,6 +24,9 @@ if [ "$what" = mps ]; then
   trap 'echo quit | nvidia-cuda-mps-control; cat /tmp/mpslog/*.log >> "$OUT/mps.log" 2>/dev/null' EXIT
   trap 'exit 143' TERM INT
   export FLUX_SHMEM_TEST_MPS=1
+  # Each PE in a green context of its own SMs (runtime/partition.py): without it, two PEs' persistent grids share
+  # SMs and one runs at half speed (benchmarks/RESULTS.md, fourth session). FLUX_SHMEM_SM_PARTITION=none: MPS only.
+  export FLUX_SHMEM_SM_PARTITION=${FLUX_SHMEM_SM_PARTITION:-green}
   what=${1:-all}; shift || true
   echo "MPS daemon started"
 fi

@@ -83,6 +83,24 @@ def test_split_k_graph_replays(config):
         assert _rel(d, ref) < 1e-2
 
 
+def test_split_k_workspace_shared_by_shapes():
+    """One instance's workspace serves split launches of different shapes: a smaller split after a larger one
+    finds its locks at zero (they once lay after the partials, where an earlier shape's fp32 partials were, and
+    the splits waited forever)."""
+    import torch
+    from flux_shmem.kernels import gemm as kg
+    from flux_shmem.kernels.config import Choice
+    g = kg.CutlassGemm("gemm_rs", torch.bfloat16, "nk", "128x256_c2x1")  # its own workspace, fresh
+    for m, split in ((8192, 2), (1024, 3), (8192, 2), (1024, 3)):  # 56 then 40 split CTA tiles on 132 SMs
+        n, k = 1280, 8192
+        a, b, _ = _operands(m, n, k, "nk", torch.bfloat16, seed=m + split)
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g.launch(kg.plain_args("gemm_rs", a.data_ptr(), b.data_ptr(), d.data_ptr(), 0, m, n, k, sm_count=132,
+                               device_id=0, choice=Choice("128x256_c2x1", 8, split, "forced", "test")))
+        torch.cuda.synchronize()
+        assert _rel(d, a.float() @ b.float()) < 1e-2, (m, split)
+
+
 def test_ag_mainloop_with_all_chunks_arrived():
     import torch
     from flux_shmem.kernels import abi

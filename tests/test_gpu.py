@@ -30,12 +30,17 @@ def _log(what: str, env, proc: subprocess.CompletedProcess) -> None:
             f.write(f"===== {what} env={env} rc={proc.returncode}\n{proc.stdout}{proc.stderr}\n")
 
 
+def mps_percentage(np_: int) -> str:
+    """Each PE's MPS share: all of it when green contexts say which SMs are whose, else an equal split."""
+    return "100" if os.environ.get("FLUX_SHMEM_SM_PARTITION", "none") == "green" else str(100 // np_)
+
+
 def launch(np_: int, *groups: str, env: dict | None = None, timeout: int = 600,
            script: Path = CHECKS) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "flux_shmem.launch", "-n", str(np_), "--", sys.executable, str(script), *groups]
     base = {**os.environ, "FLUX_SHMEM_TIMEOUT_S": os.environ.get("FLUX_SHMEM_TIMEOUT_S", "60")}
     if MPS:
-        base["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // np_)
+        base["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = mps_percentage(np_)
     proc = subprocess.run(cmd, cwd=ROOT, env={**base, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
     _log(f"np={np_} {script.name} groups={groups}", env, proc)
@@ -51,7 +56,7 @@ def torchrun(np_: int, *args: str, timeout: int = 600) -> subprocess.CompletedPr
     env.update(NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                PYTHONUNBUFFERED="1")
     if MPS:  # the same SM share as launch() gives
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // np_)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = mps_percentage(np_)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_), "--master-addr",
            "127.0.0.1", "--master-port", str(port), str(TORCHRUN_CHECK), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -32,6 +32,7 @@ def test_report_names_the_pending_stage(capsys):
     assert "PE 3: no op call for" in err and "AllGatherGEMM call 1" in err
     assert "[done] gather kernel finished (comm)" in err and "[PENDING] start gate opened (main)" in err
     assert err.count("no op call") == 1  # once per stall, not every interval
+    assert "thread MainThread:" in err and "test_report_names_the_pending_stage" in err  # where the host waits
     w.begin("AllGatherGEMM")  # progress re-arms it
     time.sleep(1.0)
     assert capsys.readouterr().err.count("no op call") == 1

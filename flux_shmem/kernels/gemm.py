@@ -235,7 +235,7 @@ class CutlassGemm:
                              f"{self.config.name} --force`")
         self.name = name
         self._workspace = None  # torch uint8 tensor, zeroed when allocated; the kernel leaves it zeroed
-        self._max_ctas: Optional[int] = None
+        self._max_ctas: dict[int, int] = {}  # CUstream handle -> resident CTAs in its context (0: unknown)
 
     @staticmethod
     def get(family: str, dtype, b_layout: str, config: "str | registry.KernelConfig | None" = None) -> "CutlassGemm":
@@ -281,25 +281,31 @@ class CutlassGemm:
         out.workspace, out.workspace_bytes = ws.data_ptr(), ws.numel()
         return out, ws
 
-    def max_ctas(self, geo: FsLaunch) -> Optional[int]:
-        """CTAs of this kernel that can be resident at once in this context (the driver's occupancy answer for its
-        cluster shape, cached), or None where the driver cannot say."""
-        if self._max_ctas is None:
+    def max_ctas(self, geo: FsLaunch, stream=None) -> Optional[int]:
+        """CTAs of this kernel that can be resident at once in the context of `stream` (default torch's current;
+        the driver's occupancy answer for its cluster shape, cached per stream), or None where the driver cannot
+        say."""
+        import torch
+        handle = int((stream or torch.cuda.current_stream()).cuda_stream)
+        n_ctas = self._max_ctas.get(handle)
+        if n_ctas is None:
             cl = tuple(geo.cluster)
-            n = self.kernel.max_active_clusters(tuple(geo.block), int(geo.smem_bytes), cl)
-            self._max_ctas = (n * cl[0] * cl[1] * cl[2]) if n else 0
-        return self._max_ctas or None
+            n = self.kernel.max_active_clusters(tuple(geo.block), int(geo.smem_bytes), cl, stream=handle)
+            n_ctas = self._max_ctas[handle] = (n * cl[0] * cl[1] * cl[2]) if n else 0
+        return n_ctas or None
 
     def launch(self, args: GemmArgs, stream=None, started=None) -> FsLaunch:
         """Fill (or reuse) the parameter block for `args` and launch on `stream` (default: torch's current). A
         persistent grid larger than what can be resident at once (occupancy query) is shrunk to fit: its CTAs
         would otherwise wait for each other's SMs."""
-        args, _ws = self.with_workspace(args)  # the instance holds the current workspace
+        given = args
+        args, _ws = self.with_workspace(given)  # the instance holds the current workspace
         blob, geo = self.host.params(args)
-        cap = self.max_ctas(geo)
+        cap = self.max_ctas(geo, stream)
         if cap is not None and geo.grid[0] * geo.grid[1] * geo.grid[2] > cap and args.sm_count > cap:
-            args = type(args).from_buffer_copy(args)
-            args.sm_count = cap
+            args = type(given).from_buffer_copy(given)
+            args.sm_count = cap  # fewer CTAs split other tiles: the workspace is sized again
+            args, _ws = self.with_workspace(args)
             blob, geo = self.host.params(args)
         self.kernel.launch(blob, tuple(geo.grid), tuple(geo.block), smem=int(geo.smem_bytes), stream=stream,
                            cluster=tuple(geo.cluster), started=started)

@@ -127,22 +127,29 @@ class Kernel:
             _check(driver.cuKernelSetAttribute(attr, smem, self._handle, dev), f"raise smem of {self.name}")
             self._smem_set = smem
 
-    def max_active_clusters(self, block: Sequence[int], smem: int, cluster: Sequence[int]) -> int | None:
-        """How many clusters of this kernel the driver can keep resident at once in this context (MPS share
-        included), or None where it cannot say: persistent grids larger than this would not all run at once."""
+    def max_active_clusters(self, block: Sequence[int], smem: int, cluster: Sequence[int],
+                            stream: int = 0) -> int | None:
+        """How many clusters of this kernel the driver can keep resident at once in the context of `stream` (a
+        CUstream handle; 0: the current context), MPS share included, or None where it cannot say: persistent
+        grids larger than this would not all run at once. The stream matters under green contexts: a function
+        of the primary context would be sized for every SM of the device."""
         driver = _driver()
         self._set_smem(smem)
         try:
-            func = _check(driver.cuKernelGetFunction(self._handle), f"cuKernelGetFunction({self.name})")
             cfg = driver.CUlaunchConfig()
             cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = tuple(cluster) + (1,) * (3 - len(cluster))
             cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = tuple(block) + (1,) * (3 - len(block))
             cfg.sharedMemBytes = smem
+            cfg.hStream = driver.CUstream(stream)
             a = driver.CUlaunchAttribute()
             a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = tuple(cluster) + (1,) * (3 - len(cluster))
             cfg.attrs = [a]
             cfg.numAttrs = 1
+            if stream:  # a context-less kernel: the driver takes the context from the stream
+                func = driver.CUfunction(int(self._handle))
+            else:
+                func = _check(driver.cuKernelGetFunction(self._handle), f"cuKernelGetFunction({self.name})")
             n = _check(driver.cuOccupancyMaxActiveClusters(func, cfg), f"cuOccupancyMaxActiveClusters({self.name})")
         except RuntimeError:
             return None

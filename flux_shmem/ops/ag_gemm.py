@@ -173,6 +173,9 @@ class AllGatherGEMM(FusedGEMM):
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
         sms = sm_count or self.sms
         choice = self.gemm_choice(m, layout, sms)
+        trace = stall.begin("AllGatherGEMM.gemm_only")
         self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sms, order=None,
                    swizzle=choice.swizzle, choice=choice)
+        if trace is not None:
+            trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
         return out

@@ -152,6 +152,9 @@ class GEMMReduceScatter(FusedGEMM):
         out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
         sms = sm_count or self.sms
         choice = self.gemm_choice(m, layout, sms)
+        trace = stall.begin("GEMMReduceScatter.gemm_only")
         self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, sm_count=sms, order=None,
                    swizzle=choice.swizzle, choice=choice)
+        if trace is not None:
+            trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
         return out

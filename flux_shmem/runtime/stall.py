@@ -4,7 +4,8 @@ Device spin-waits time out and say which PE and which signal (signals.py). A str
 kernel spins and nothing times out: an event of a kernel that never became resident, a kernel launch queued
 behind one, a link-emulation clock. With FLUX_SHMEM_STALL_REPORT_S=N, every op call ticks a counter, and a
 thread prints, once no op was called for N s, each traced call's stages (CUDA events recorded after each step:
-done or not) and the device words the call depends on, read on a private stream (stderr, one report per stall).
+done or not), the device words the call depends on (read on a private stream) and the Python stacks of the
+process's threads, on stderr, one report per stall.
 Off by default: the events cost a few microseconds of host time per call. Imports nothing of flux_shmem.
 """
 from __future__ import annotations
@@ -117,7 +118,21 @@ class _Watcher:
                 lines.append(f"    [{'done' if ev.query() else 'PENDING'}] {label} ({stream})")
             for label, t in tr.words:
                 lines.append(f"    {label} = {self._read(t)}")
+        lines += _stacks()
         return "\n".join(lines)
+
+
+def _stacks(frames: int = 12) -> list:
+    """Where this process's other threads are (innermost last): a stall outside the traced ops shows here."""
+    import traceback
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():  # noqa: SLF001 - the documented way to read other stacks
+        if ident == threading.get_ident():
+            continue
+        out.append(f"  thread {names.get(ident, ident)}:")
+        out += ["    " + ln.rstrip().replace("\n", "\n    ") for ln in traceback.format_stack(frame)[-frames:]]
+    return out
 
 
 _WATCHER: Optional[_Watcher] = None

@@ -559,7 +559,7 @@ def sm_budget_and_occupancy(rt):
     a = torch.randn((1024 * rt.world_size, 1024), device="cuda").to(torch.bfloat16)
     op.gemm_only(a, weight(1024, 1024, "kn", torch.bfloat16, 1))
     torch.cuda.synchronize()
-    cap = g._max_ctas
+    cap = sorted(set(g._max_ctas.values()))  # per stream this process launched it on
     info = (f"PE {rt.rank}: budget {op.budget} affinity={_affinity_sms()} MPS%="
             f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')} max resident GEMM CTAs={cap} "
             f"plan={plan.describe()}")

@@ -102,7 +102,10 @@ struct OrderedPersistentScheduler {};
 //     than one wave; fs::unit_at), reduces the splits of a tile in a workspace (fp32 partials + one lock per tile
 //     and consumer warpgroup) in split order (deterministic), and lets only the last split run the epilogue. The
 //     last split resets its lock to 0, so the workspace needs zeroing once, when allocated, not per launch
-//     (launches of one stream do not overlap; CUDA-graph replays stay correct).
+//     (launches of one stream do not overlap; CUDA-graph replays stay correct). The locks live in a region of
+//     fixed size at the start of the workspace that partials never touch: a workspace shared by launches of
+//     other shapes then still holds zero locks (with the locks placed after the shape's partials, a later shape's
+//     locks fell on an earlier shape's fp32 partials and its splits waited forever: seen 2026-12-04, 2 PEs).
 template <class TileShape, class ClusterShape, bool kSplitK>
 class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
@@ -152,6 +155,10 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     void* reduction = nullptr;   // fp32 partials, one kTileM x kTileN tile per split CTA tile
     Lock* locks = nullptr;       // one per split CTA tile and consumer warpgroup, zero between launches
   };
+
+  // Bytes at the start of the workspace for the locks, whatever the shape: split CTA tiles are fewer than the
+  // persistent grid's CTAs (one per SM at most), and 2 consumer warpgroups x 4 bytes x 8192 CTAs fit.
+  static constexpr size_t kLockRegionBytes = 64 * 1024;
 
   // Persistent clusters on hw_info.sm_count SMs (CUTLASS's rule, which the launch grid follows).
   static int64_t persistent_clusters(cutlass::KernelHardwareInfo const& hw_info) {
@@ -205,8 +212,8 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     p.units = fs::unit_count(p.grid);
     p.tiles_m = fs::tiles_along(m, kTileM);
     if (kSplitK && split_cta_tiles(p.grid) > 0 && workspace != nullptr) {
-      p.reduction = workspace;
-      p.locks = reinterpret_cast<Lock*>(static_cast<char*>(workspace) + reduction_bytes(p.grid));
+      p.locks = static_cast<Lock*>(workspace);
+      p.reduction = static_cast<char*>(workspace) + kLockRegionBytes;
     }
     return p;
   }
@@ -224,7 +231,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     const fs::UnitGrid g = unit_grid(cute::get<0>(problem_shape), cute::get<1>(problem_shape),
                                      cute::get<2>(problem_shape), args.max_swizzle_size, args.splits, hw_info);
     if (split_cta_tiles(g) == 0) return 0;
-    return reduction_bytes(g) + lock_bytes(g, consumer_groups);
+    return kLockRegionBytes + reduction_bytes(g);
   }
 
   // The locks are zeroed once by whoever allocates the workspace (flux_shmem/kernels/gemm.py) and reset by the
