@@ -229,3 +229,16 @@ def test_rs_tail_split(world, L):
             ops = [it.op for it in b]
             assert ops == sorted(ops)
         assert sch.rs_split_tail(plan, order, 0, ms, ur, tm, 5) == (plan, [])
+
+
+def test_plan_tensors_pad_to_cluster_multiple():
+    """A comm kernel launched in clusters beside the GEMM: idle blocks fill its last cluster, empty blocks of the
+    plan are dropped first."""
+    per = sch.ag_plan(1, 4, 4, 2, 5) + [[]]  # 8 units on 5 blocks, and a block without work
+    units, offsets, grid = sch.plan_tensors(per, "cpu")
+    assert grid == 5 and offsets.tolist() == [0, 2, 4, 6, 7, 8]
+    units, offsets, grid = sch.plan_tensors(per, "cpu", multiple=2)
+    assert grid == 6 and offsets.tolist() == [0, 2, 4, 6, 7, 8, 8]  # block 5 does nothing
+    assert sch.plan_tensors(per, "cpu", multiple=1)[2] == 5
+    from flux_shmem.ops.simulate import gemm_sms_for
+    assert gemm_sms_for(64, 2, 4) == 60 and gemm_sms_for(64, 2, 1) == 62 and gemm_sms_for(63, 2, 1) == 60

@@ -281,11 +281,13 @@ def plan_table(per_block: Sequence[Sequence[Sequence[int]]]) -> tuple[list[int],
     return flat, offsets
 
 
-def plan_tensors(per_block: Sequence[Sequence[Sequence[int]]], device: str) -> tuple:
+def plan_tensors(per_block: Sequence[Sequence[Sequence[int]]], device: str, multiple: int = 1) -> tuple:
     """A plan on the device as a kernel reads it: (int32 items [n, 4], int32 block offsets, blocks), blocks with no
-    work dropped (the kernel's grid is the blocks that have work). The only function here that needs torch."""
+    work dropped (the kernel's grid is the blocks that have work), then idle blocks added up to a multiple of
+    `multiple` (a grid launched in clusters). The only function here that needs torch."""
     import torch
     per_block = [b for b in per_block if b] or [[]]
+    per_block += [[] for _ in range(-len(per_block) % multiple)]
     flat, offsets = plan_table(per_block)
     return (torch.tensor(flat or [0, 0, 0, 0], dtype=torch.int32, device=device),
             torch.tensor(offsets, dtype=torch.int32, device=device), len(per_block))

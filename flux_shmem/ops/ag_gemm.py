@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from ..kernels import gemm as kgemm
+from ..kernels import registry
 from ..runtime import pacing, signals, stall, symmetric
 from . import simulate
 from ._fused import FusedGEMM
@@ -128,8 +129,9 @@ class AllGatherGEMM(FusedGEMM):
             else:
                 # The GEMM starts once every gather block runs (a flag the kernel's own blocks raise: CUDA's
                 # launch-completion event was seen to hold nothing back under MPS).
+                cfg = registry.get(plan.gemm.config)
                 ag.launch(a_shard, stream=self.comm_stream, wait_all=False, blocks=plan.comm_blocks,
-                          gate=self.guarded)
+                          gate=self.guarded, cluster=cfg.cluster_m * cfg.cluster_n)
                 if trace is not None:
                     trace.stage(f"gather kernel ({plan.comm_blocks} blocks) finished", self.comm_stream, "comm")
                 if self.guarded:

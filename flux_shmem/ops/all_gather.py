@@ -71,16 +71,16 @@ class AllGather:
     def ce_capable(self) -> bool:
         return ce_capable(self.rt)
 
-    def plan(self, rows: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def plan(self, rows: int, blocks: int, cluster: int = 1) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Device tables of `ag_plan` for shards of `rows` rows on `blocks` blocks (cached): (units, offsets,
-        blocks that have work)."""
-        key = (rows, blocks)
+        blocks that have work, rounded up to a multiple of `cluster`)."""
+        key = (rows, blocks, cluster)
         if key not in self._plans:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             chunks = -(-rows // self.chunk_rows)
             self._plans[key] = plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks),
-                                            f"cuda:{rt.device}")
+                                            f"cuda:{rt.device}", multiple=cluster)
         return self._plans[key]
 
     def launch_ce(self, x: torch.Tensor, stream) -> torch.Tensor:
@@ -122,15 +122,18 @@ class AllGather:
                 f"{self.rt.world_size}, chunk_rows={self.chunk_rows}, node_size={self.rt.node_size})")
 
     def launch(self, x: torch.Tensor, stream=None, *, wait_all: bool = True, blocks: int | None = None,
-               gate: bool = False) -> torch.Tensor:
+               gate: bool = False, cluster: int = 1) -> torch.Tensor:
         """Gather x on `stream` into the internal symmetric buffer (returned), on `blocks` thread blocks (default
         comm_blocks). wait_all=False: the kernel ends once this PE's data is sent; consumers then wait on `flags`
         themselves (the fused GEMM does). gate=True: the kernel's last block to start raises a flag that
-        `wait_started` holds another stream on."""
+        `wait_started` holds another stream on. cluster=c launches the blocks in clusters of c (idle blocks
+        fill the last): beside a GEMM of clusters of c, single blocks spread over the GPCs would leave SMs that
+        no GEMM cluster can use, and the GEMM's last clusters would wait for the gather kernel to end (seen
+        2026-12-04 in a green context of 64 SMs: AG+GEMM 8192x2560x8192 ran as comm + GEMM, serialized)."""
         rows = x.shape[0]
         elem = x.element_size()
         chunks = -(-rows // self.chunk_rows)
-        units, offsets, grid = self.plan(rows, blocks or self.comm_blocks)
+        units, offsets, grid = self.plan(rows, blocks or self.comm_blocks, cluster)
         me = self.rt.rank
         slot = self.gather[me * rows:(me + 1) * rows]
         if x.data_ptr() != slot.data_ptr():
@@ -146,7 +149,7 @@ class AllGather:
                           shard_bytes=rows * self.cols * elem, chunk_bytes=self.chunk_rows * self.cols * elem,
                           chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace,
                           started=self._gate.data_ptr() if gate else 0)
-        self._kernel.launch(args, grid, 512, stream=stream)
+        self._kernel.launch(args, grid, 512, stream=stream, cluster=(cluster, 1, 1) if cluster > 1 else None)
         return self.gather[: self.rt.world_size * rows]
 
     def wait_started(self, stream) -> None:

@@ -443,8 +443,10 @@ class Split:
 
 def gemm_sms_for(budget_sms: int, cluster_m: int, comm_blocks: int) -> int:
     """GEMM CTAs beside a comm kernel of `comm_blocks` blocks, both inside the budget at once (a GEMM CTA fills an
-    SM's registers and shared memory, so a comm block never shares its SM)."""
-    return (budget_sms - comm_blocks) // cluster_m * cluster_m
+    SM's registers and shared memory, so a comm block never shares its SM). The comm kernel runs in clusters of
+    the GEMM's cluster size (AllGather.launch(cluster=)), so it takes whole cluster slots."""
+    comm_slots = -(-comm_blocks // cluster_m) * cluster_m
+    return (budget_sms - comm_slots) // cluster_m * cluster_m
 
 
 def split_candidates(engines, comm_blocks: Optional[int], budget_sms: int, cluster_m: int,
