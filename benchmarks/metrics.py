@@ -6,7 +6,7 @@ throughput in TFLOP/s (1e12 FLOP/s).
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Dict, Iterable, Optional, Sequence
 
 __all__ = [
     "median",
@@ -19,6 +19,8 @@ __all__ = [
     "best_possible_speedup",
     "limit_attained",
     "pct_error",
+    "stage_medians",
+    "fused_gemm_ms",
 ]
 
 
@@ -119,3 +121,26 @@ def limit_attained(t_gemm: float, t_comm: float, t_fused: float) -> float:
 def pct_error(predicted: float, measured: float) -> float:
     """Signed model error in percent of the measurement (+ means over-predicted)."""
     return 100.0 * (float(predicted) - float(measured)) / _positive("measured", measured)
+
+
+def stage_medians(calls: Sequence[Sequence[tuple]]) -> Dict[str, float]:
+    """Median ms since call start of each stage label over calls of (label, stream, ms) lists (a fused op's
+    timed stages, flux_shmem.runtime.stall), in the first call's order; labels every call has."""
+    if not calls:
+        return {}
+    labels = [lab for lab, _s, _t in calls[0]]
+    per = [{lab: t for lab, _s, t in c} for c in calls]
+    return {lab: median([p[lab] for p in per]) for lab in labels if all(lab in p for p in per)}
+
+
+def fused_gemm_ms(stages: Sequence[tuple]) -> Optional[float]:
+    """How long the GEMM inside a fused call ran, from one call's (label, stream, ms since call start): from the
+    main stream's stage before the 'fused GEMM ... finished' stage (the barrier or start gate it launched after;
+    the call's start if none) to that stage. None if the call had no fused GEMM stage."""
+    start = 0.0
+    for label, stream, t in stages:
+        if label.startswith("fused GEMM"):
+            return t - start
+        if stream == "main":
+            start = t
+    return None

@@ -101,7 +101,9 @@ def build_record(
     ``t_serial`` = NCCL+cuBLAS serial (else, on a shared GPU where NCCL cannot run, our decomposed path); per
     fused implementation speedup = t_serial/t, overlap_eff = (t_serial - t)/t_comm, limit_attained
     = max(t_gemm, t_comm)/t; best_possible_speedup = (t_gemm+t_comm)/max(..); ``fused_vs_gemm_same_sms`` = ours /
-    ours gemm_only on the fused call's GEMM SMs (1.0: the GEMM inside the fused op lost nothing to waiting).
+    ours gemm_only on the fused call's GEMM SMs (1.0: the fused op took no longer than its GEMM alone);
+    ``fused_gemm_vs_same_sms`` = how long the GEMM inside the fused call ran (its timed stages, ``fused_gemm_ms``)
+    / the same gemm_only (1.0: the GEMM lost nothing to waiting for data or to the traffic beside it).
     """
     rec: dict = {"type": "result"}
     rec.update(problem.as_dict())
@@ -136,6 +138,9 @@ def build_record(
                  t_serial_source=ssrc)
         t_ours, t_split = _ok_ms(impls, "ours"), _ok_ms(impls, "ours_gemm_split")
         m["fused_vs_gemm_same_sms"] = t_ours / t_split if t_ours is not None and t_split is not None else None
+        t_inside = (impls.get("ours") or {}).get("fused_gemm_ms")
+        m["fused_gemm_ms"] = t_inside
+        m["fused_gemm_vs_same_sms"] = t_inside / t_split if t_inside is not None and t_split is not None else None
         m["speedup"], m["overlap_eff"], m["limit_attained"] = {}, {}, {}
         best = None
         if t_gemm is not None and t_comm is not None and max(t_gemm, t_comm) > 0:
@@ -293,7 +298,30 @@ def format_table(records: Iterable[dict], header: Optional[str] = None) -> str:
         lines.append("")
         lines.append(f"== {OP_TITLES[op]} ==")
         lines.extend(_render(_FUSED_COLS if fused else _COMM_COLS, rows))
+        if fused:
+            lines.extend(_stage_lines(recs))
     return "\n".join(lines) + "\n"
+
+
+def _stage_lines(recs: Sequence[dict]) -> List[str]:
+    """Under a fused table: per shape, the fused call's stages (median ms from its start) and how long its GEMM
+    ran against gemm_only on the same SMs."""
+    out = []
+    for r in recs:
+        e = (r.get("impls") or {}).get("ours") or {}
+        st, m = e.get("stages_ms"), r.get("metrics") or {}
+        if e.get("stages_error"):
+            out.append(f"  stages {r.get('shape', '')}: not measured ({e['stages_error']})")
+        if not st:
+            continue
+        inside = ""
+        if m.get("fused_gemm_ms") is not None:
+            vs = m.get("fused_gemm_vs_same_sms")
+            inside = f"; GEMM inside {m['fused_gemm_ms']:.3f} ms" + (
+                f" = {vs:.3f}x gemm_only on the fused SMs" if vs is not None else "")
+        out.append(f"  stages {r.get('shape', '')} (ms from call start): "
+                   + ", ".join(f"{lab} {t:.3f}" for lab, t in st.items()) + inside)
+    return out
 
 
 # ----------------------------------------------------------------------------- JSON lines

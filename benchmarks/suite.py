@@ -19,6 +19,7 @@ from .shapes import Problem, rotation_sets
 
 # Relative error bounds (Frobenius norm, against an fp32 torch reference).
 TOL = {"ag_gemm": 1e-2, "gemm_rs": 2e-2, "all_gather": 0.0, "reduce_scatter": 2e-2}
+STAGE_ITERS = 10  # calls of a fused op timed stage by stage (after its timed iterations)
 HOST_SYNC_LEAD_US = 1000.0  # > the host path of any call measured (about 0.3-0.5 ms on the H200 machine)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -151,9 +152,10 @@ class Suite:
         return int(self.comm.allreduce(n, op=_mpi_min()))
 
     def measure(self, name: str, make: Callable[[], Callable], sets: Sequence[tuple],
-                check: Callable[[object], float], tol: float) -> dict:
+                check: Callable[[object], float], tol: float, stages: bool = False) -> dict:
         """Construct and check on sets[0] one implementation (same outcome on every rank); its timing follows in
-        `_time_pending`, interleaved with the problem's other implementations."""
+        `_time_pending`, interleaved with the problem's other implementations. stages: then also time a few
+        calls stage by stage (`_stage_breakdown`: when the fused GEMM ended, when the communication did)."""
         fn = None
         status = "ok"
         try:
@@ -184,7 +186,7 @@ class Suite:
         entry["rel_err"] = err if err is None or math.isfinite(err) else float("inf")
         entry["ok"] = bool(err is not None and err <= tol)
         entry["rotation_sets"] = len(sets)
-        self._pending.append((entry, fn, sets))  # timed by _time_pending, interleaved with the others
+        self._pending.append((entry, fn, sets, stages))  # timed by _time_pending, interleaved with the others
         return entry
 
     def _time_pending(self) -> None:
@@ -195,9 +197,9 @@ class Suite:
         pending, self._pending = self._pending, []
         rounds = max(1, min(self.rounds, self.iters))
         per_round = [self.iters // rounds + (1 if i < self.iters % rounds else 0) for i in range(rounds)]
-        samples: Dict[int, List[float]] = {id(e): [] for e, _, _ in pending}
+        samples: Dict[int, List[float]] = {id(e): [] for e, _, _, _ in pending}
         for rnd, n_iters in enumerate(per_round):
-            for entry, fn, sets in (pending if rnd % 2 == 0 else pending[::-1]):
+            for entry, fn, sets, _ in (pending if rnd % 2 == 0 else pending[::-1]):
                 if entry["status"] != "ok":
                     continue
                 try:
@@ -207,13 +209,54 @@ class Suite:
                 except Exception as e:  # noqa: BLE001
                     status = _status_for(e)
                 entry["status"] = self._agree(status)
-        for entry, _, _ in pending:
+        for entry, _, _, _ in pending:
             if entry["status"] == "ok":
                 got = samples[id(entry)]
                 entry["ms"] = self._max(metrics.median(got))  # the op is done when the slowest rank is
                 entry["ms_min"] = min(v for v in self.comm.allgather(min(got)) if v is not None)
                 entry["iters"] = len(got)
                 entry["rounds"] = rounds
+        for entry, fn, sets, stages in pending:
+            if stages and entry["status"] == "ok":
+                self._stage_breakdown(entry, fn, sets)
+
+    def _stage_breakdown(self, entry: dict, fn: Callable, sets: Sequence[tuple]) -> None:
+        """STAGE_ITERS calls of a fused op with its stages timed (flux_shmem.runtime.stall.timed_stages), each
+        synced like a timed iteration: `stages_ms` = per stage, the median ms since the call's start (max over
+        ranks), `fused_gemm_ms` = the median time its GEMM ran (max over ranks). Only figures: a failure here is
+        recorded as `stages_error` and changes no status."""
+        calls, gemm, err = [], [], None
+        try:
+            from flux_shmem.runtime import stall
+            marks = []
+            for i in range(STAGE_ITERS):
+                self.sync()
+                if self.lead_us > 0:
+                    timing.gpu_sleep(self.lead_us)
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                with stall.timed_stages() as traced:
+                    fn(*sets[i % len(sets)])
+                marks.append((start, traced))
+            torch.cuda.synchronize()
+            for start, traced in marks:
+                if len(traced) != 1:
+                    raise RuntimeError(f"expected one traced op call per iteration, got {len(traced)}")
+                st = stall.stage_offsets_ms(traced[0], start)
+                calls.append(st)
+                g = metrics.fused_gemm_ms(st)
+                if g is not None:
+                    gemm.append(g)
+        except Exception as e:  # noqa: BLE001 - a breakdown is extra information, never fatal
+            err = _reason(e)
+        errs = [x for x in self.comm.allgather(err) if x]
+        if errs:
+            entry["stages_error"] = errs[0]
+            return
+        mine = metrics.stage_medians(calls)
+        every = self.comm.allgather(mine)
+        entry["stages_ms"] = {lab: max(d.get(lab, t) for d in every) for lab, t in mine.items()}
+        entry["fused_gemm_ms"] = self._max(metrics.median(gemm) if gemm else None)
 
     # ------------------------------------------------------------------ problems
 
@@ -300,7 +343,7 @@ class Suite:
         res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
         res["ours"] = self.measure(
             "ours", lambda: (lambda op: (lambda a_s, b, a_f: op(a_s, b)))(self._our_op("AllGatherGEMM", n, k, mode=self.mode)),
-            sets, chk, tol)
+            sets, chk, tol, stages=True)
         self._describe(res["ours"], "AllGatherGEMM", n, k, m)
         res["decomposed"] = self.measure(
             "decomposed",
@@ -362,7 +405,7 @@ class Suite:
         res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
         res["ours"] = self.measure(
             "ours", lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
-            sets, chk, tol)
+            sets, chk, tol, stages=True)
         self._describe(res["ours"], "GEMMReduceScatter", n, kloc, m)
         res["decomposed"] = self.measure(
             "decomposed",

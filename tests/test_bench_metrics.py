@@ -85,3 +85,18 @@ def test_pct_error():
     with pytest.raises(ValueError):
         metrics.pct_error(1.0, 0.0)
     assert math.isfinite(metrics.pct_error(0.0, 2.0))
+
+
+def test_stage_medians_and_fused_gemm_window():
+    rs = [("barrier (every PE past its previous call)", "main", 0.02), ("fused GEMM (60 CTAs) finished", "main", 1.40),
+          ("reduce kernel (4 blocks) finished", "comm", 1.45), ("call done (epoch bumped)", "main", 1.60)]
+    assert metrics.fused_gemm_ms(rs) == pytest.approx(1.38)
+    ag = [("comm stream past the caller's prior work", "comm", 0.001), ("gather kernel (2 blocks) finished", "comm", 0.5),
+          ("start gate opened (every gather block ran)", "main", 0.01), ("fused GEMM (62 CTAs) finished", "main", 1.33)]
+    assert metrics.fused_gemm_ms(ag) == pytest.approx(1.32)  # from the gate, not from a comm-stream stage
+    assert metrics.fused_gemm_ms([("fused GEMM (8 CTAs) finished", "main", 0.7)]) == pytest.approx(0.7)
+    assert metrics.fused_gemm_ms([("call done (epoch bumped)", "main", 0.7)]) is None  # decomposed path
+    calls = [[("a", "main", t), ("b", "main", 2 * t)] for t in (1.0, 3.0, 2.0)]
+    assert metrics.stage_medians(calls) == {"a": 2.0, "b": 4.0}
+    assert metrics.stage_medians([[("a", "main", 1.0)], [("b", "main", 1.0)]]) == {}
+    assert metrics.stage_medians([]) == {}

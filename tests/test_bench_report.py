@@ -179,3 +179,19 @@ def test_progress_bar(capsys):
     pr = report.Progress(3, stream=quiet, enabled=False)
     pr.step("x")
     assert quiet.getvalue() == ""
+
+
+def test_fused_gemm_inside_the_call_and_stage_lines():
+    p, impls = synthetic_fused("gemm_rs")
+    impls["ours_gemm_split"] = ok(7.2)
+    impls["ours"] = dict(ok(7.5), fused_gemm_ms=7.35, stages_ms={"fused GEMM (120 CTAs) finished": 7.36,
+                                                                  "call done (epoch bumped)": 7.5})
+    rec = report.build_record(p, impls, hw=model.Hardware())
+    m = rec["metrics"]
+    assert m["fused_gemm_ms"] == 7.35 and m["fused_gemm_vs_same_sms"] == pytest.approx(7.35 / 7.2)
+    text = report.format_table([rec])
+    assert "stages 8192x8192x28672 (ms from call start): fused GEMM (120 CTAs) finished 7.360, call done " \
+           "(epoch bumped) 7.500; GEMM inside 7.350 ms = 1.021x gemm_only on the fused SMs" in text
+    impls["ours"] = dict(ok(7.5), stages_error="RuntimeError: boom")
+    text = report.format_table([report.build_record(p, impls, hw=None)])
+    assert "stages 8192x8192x28672: not measured (RuntimeError: boom)" in text

@@ -36,3 +36,31 @@ def test_report_names_the_pending_stage(capsys):
     w.begin("AllGatherGEMM")  # progress re-arms it
     time.sleep(1.0)
     assert capsys.readouterr().err.count("no op call") == 1
+
+
+def test_timed_stages_collects_every_call():
+    assert stall.begin("X") is None  # off: no trace, no cost
+    with stall.timed_stages() as calls:
+        tr = stall.begin("GEMMReduceScatter")
+        assert tr is not None and tr.timed and calls == [tr]
+        with pytest.raises(RuntimeError, match="already active"):
+            with stall.timed_stages():
+                pass
+    assert stall.begin("X") is None
+
+
+class _TimedEv:
+    def __init__(self, t):
+        self.t = t
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_stage_offsets_from_a_start_event():
+    tr = stall.Trace("AllGatherGEMM", 1, timed=True)
+    tr.stages += [("start gate opened", "main", _TimedEv(0.05)), ("fused GEMM (62 CTAs) finished", "main",
+                                                                  _TimedEv(1.30))]
+    got = stall.stage_offsets_ms(tr, _TimedEv(0.0))
+    assert [(a, b) for a, b, _ in got] == [("start gate opened", "main"), ("fused GEMM (62 CTAs) finished", "main")]
+    assert [round(t, 3) for *_, t in got] == [0.05, 1.3]

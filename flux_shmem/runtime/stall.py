@@ -7,9 +7,13 @@ thread prints, once no op was called for N s, each traced call's stages (CUDA ev
 done or not), the device words the call depends on (read on a private stream) and the Python stacks of the
 process's threads, on stderr, one report per stall.
 Off by default: the events cost a few microseconds of host time per call. Imports nothing of flux_shmem.
+
+The same stages, with timing events, give benchmarks a breakdown of a fused call (`timed_stages`): when its GEMM
+ended, when its communication did.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -41,10 +45,11 @@ class Trace:
     call: int
     stages: list = dataclasses.field(default_factory=list)  # (label, stream name, torch.cuda.Event)
     words: list = dataclasses.field(default_factory=list)   # (label, int64 tensor, kept alive here)
+    timed: bool = False  # timing events (timed_stages), else the cheaper plain ones
 
     def stage(self, label: str, stream, stream_name: str) -> None:
         import torch
-        ev = torch.cuda.Event()
+        ev = torch.cuda.Event(enable_timing=self.timed)
         ev.record(stream)
         self.stages.append((label, stream_name, ev))
 
@@ -136,6 +141,7 @@ def _stacks(frames: int = 12) -> list:
 
 
 _WATCHER: Optional[_Watcher] = None
+_TIMED: Optional[list] = None  # timed_stages' collector
 
 
 def start(pe: int, device: int) -> None:
@@ -147,6 +153,32 @@ def start(pe: int, device: int) -> None:
 
 
 def begin(op: str) -> Optional[Trace]:
-    """An op call starts: a Trace to record its stages into, or None when stall reports are off."""
-    w = _WATCHER
-    return None if w is None else w.begin(op)
+    """An op call starts: a Trace to record its stages into, or None when neither stall reports nor
+    timed_stages are on."""
+    w, timed = _WATCHER, _TIMED
+    if w is None and timed is None:
+        return None
+    tr = w.begin(op) if w is not None else Trace(op, len(timed))
+    if timed is not None:
+        tr.timed = True
+        timed.append(tr)
+    return tr
+
+
+@contextlib.contextmanager
+def timed_stages():
+    """Inside the block every op call records its stages with timing events; yields the list their Traces are
+    appended to (read the events once the stream is synchronized). Not reentrant."""
+    global _TIMED
+    if _TIMED is not None:
+        raise RuntimeError("timed_stages() is already active")
+    _TIMED = []
+    try:
+        yield _TIMED
+    finally:
+        _TIMED = None
+
+
+def stage_offsets_ms(trace: Trace, start) -> list[tuple[str, str, float]]:
+    """(label, stream name, ms since the `start` event) of a timed trace's stages, after a synchronize."""
+    return [(label, stream, start.elapsed_time(ev)) for label, stream, ev in trace.stages]
