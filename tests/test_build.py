@@ -63,3 +63,13 @@ def test_build_cli_lists_families():
     out = subprocess.run([sys.executable, "-m", "flux_shmem.build", "--list", "--family", "collectives"],
                          capture_output=True, text=True, env=os.environ)
     assert out.returncode == 0 and "collectives" in out.stdout
+
+
+def test_sources_are_the_headers_a_family_includes():
+    """A family's key covers its source and the project headers it includes, transitively, and no others."""
+    names = lambda fam: {p.name for p in kb._sources(fam)}  # noqa: E731
+    gemm, comm = names("gemm_rs"), names("collectives")
+    assert {"gemm_rs.cu", "gemm_ext.cuh", "signal.cuh", "tile_schedule.cuh", "gemm_abi.h"} <= gemm
+    assert "put.cuh" not in gemm and "pace.cuh" not in gemm  # comm-only headers do not rebuild the GEMMs
+    assert {"collectives.cu", "put.cuh", "pace.cuh", "signal.cuh", "comm_schedule.cuh"} <= comm
+    assert "gemm_ext.cuh" not in comm

@@ -4,6 +4,7 @@ x 8 with the default (assumed) H200 link model. A changed schedule or model show
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 
@@ -130,35 +131,44 @@ def test_w8_llama70b(op, n, k, hidden):
 # Measured on one H200 (2026-12-03, benchmarks/RESULTS.md): 2 PEs at once under MPS (66 SMs each), links paced to
 # 180 GB/s + 1.5 us (`run.py --emulate-link nvlink --mode fused`), per-PE shapes; the split each call used, our
 # gemm_only time on the whole budget (which sets the per-tile time), and the fused time.
-EMULATED_RUNS = [  # op, M, N, K per PE, comm blocks, GEMM SMs, tail M-tiles, gemm_only ms, measured fused ms
-    ("ag_gemm", 8192, 3584, 8192, 4, 62, 0, 2.094, 1.964),
-    ("ag_gemm", 4096, 3584, 8192, 4, 62, 0, 1.139, 1.061),
-    ("ag_gemm", 8192, 1280, 8192, 8, 58, 0, 0.867, 1.009),
-    ("gemm_rs", 8192, 8192, 3584, 4, 62, 4, 2.280, 2.715),
-    ("gemm_rs", 4096, 8192, 3584, 4, 62, 4, 1.145, 1.396),
-    ("gemm_rs", 8192, 8192, 1024, 16, 50, 0, 0.805, 1.285),
+# Measured 2026-12-04 on one H200 (benchmarks/RESULTS.md, seventh session, call 1): W PEs under MPS, each in a green
+# context of 128 / W SMs, NVLink emulated at 360 GB/s x SMs / 132, comm blocks copying through registers.
+EMULATED_RUNS = [  # W, op, M, N, K per PE, comm blocks, GEMM SMs, tail M-tiles, gemm_only ms, measured fused ms
+    (2, "ag_gemm", 8192, 3584, 8192, 2, 62, 0, 1.263, 1.427),
+    (2, "ag_gemm", 4096, 3584, 8192, 2, 62, 0, 0.629, 0.760),
+    (2, "ag_gemm", 8192, 1280, 8192, 4, 60, 0, 0.444, 0.692),
+    (2, "gemm_rs", 8192, 8192, 3584, 4, 60, 4, 1.283, 1.634),
+    (2, "gemm_rs", 4096, 8192, 3584, 4, 60, 4, 0.641, 0.837),
+    (2, "gemm_rs", 8192, 8192, 1024, 16, 48, 0, 0.417, 0.633),
+    (4, "ag_gemm", 8192, 3584, 8192, 2, 30, 0, 2.730, 2.967),
+    (4, "ag_gemm", 4096, 3584, 8192, 2, 30, 0, 1.346, 1.481),
+    (4, "ag_gemm", 8192, 1280, 8192, 4, 28, 0, 0.910, 1.344),
+    (4, "gemm_rs", 8192, 8192, 3584, 2, 30, 4, 2.787, 3.230),
+    (4, "gemm_rs", 4096, 8192, 3584, 2, 30, 4, 1.362, 1.675),
+    (4, "gemm_rs", 8192, 8192, 1024, 8, 24, 0, 0.893, 1.403),
 ]
 
 
-@pytest.mark.parametrize("run", EMULATED_RUNS, ids=lambda r: f"{r[0]}-{r[1]}x{r[2]}x{r[3]}")
+@pytest.mark.parametrize("run", EMULATED_RUNS, ids=lambda r: f"{r[1]}-w{r[0]}-{r[2]}x{r[3]}x{r[4]}")
 def test_reproduces_measured_emulated_runs(run):
-    """The simulator against the emulated runs, with their splits and the measured GEMM speed. Errors (model -
-    measured) / measured: AG +20%, +29%, +11%; RS -7%, -8%, -16%. The AG misses come from the GPU, not the
-    schedule: there the fused op ran faster than gemm_only on the same SMs (1.96 vs 2.25 ms), which no schedule
-    can explain and the 2 PEs' GEMMs sharing the H200's power limit can (the fused op idles while waiting)."""
-    op, m, n, k, cb, gs, tail, gemm_ms, fused_ms = run
-    g = S.Gemm.from_rate(k, 2 * m * n * k / (gemm_ms * 1e-3) / 1e12 / 66)
-    links = S.emulated_links(180.0, 1.5)
+    """The simulator against the emulated runs, with their splits, the measured GEMM speed and the block rates of
+    the register copies they ran with: within 15% (issue 10's bar). Errors (model - measured) / measured were
+    -0.7% to -9.3%: the model is a little optimistic, most for GEMM+RS, whose fused GEMM ran 7-12% over gemm_only
+    on the same SMs (a cost of the fused call the model does not have)."""
+    W, op, m, n, k, cb, gs, tail, gemm_ms, fused_ms = run
+    sms = 128 // W
+    g = S.Gemm.from_rate(k, 2 * m * n * k / (gemm_ms * 1e-3) / 1e12 / sms)
+    links = S.emulated_links(360.0 * sms / 132, 1.5, block_gbps=35.0, local_gbps=32.0)
     if op == "ag_gemm":
-        r = S.simulate_ag_gemm(world=2, node_size=2, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=66, comm_blocks=cb,
-                               chunk_rows=sch.fused_chunk_rows(m // 2, 2 * k, 128), swizzle=1, links=links, pes=[0],
+        r = S.simulate_ag_gemm(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms, comm_blocks=cb,
+                               chunk_rows=sch.fused_chunk_rows(m // W, 2 * k, 128), swizzle=1, links=links, pes=[0],
                                decomposed_comm_blocks=16)
     else:
-        r = S.simulate_gemm_rs(world=2, node_size=2, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=66, comm_blocks=cb,
+        r = S.simulate_gemm_rs(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms, comm_blocks=cb,
                                unit_rows=sch.default_unit_rows(n, 2), swizzle=1, links=links,
-                               decomposed_comm_blocks=24, tail_tiles=tail, tail_blocks=64)
+                               decomposed_comm_blocks=24, tail_tiles=tail, tail_blocks=sms)
     err = (r.fused_us / 1e3 - fused_ms) / fused_ms
-    assert abs(err) <= 0.30, err
+    assert abs(err) <= 0.15, err
 
 
 def test_emulated_link_model_paces_initiators_only():
@@ -171,3 +181,16 @@ def test_emulated_link_model_paces_initiators_only():
     # ...2 blocks do not: 70 GB/s of copies
     _, ends2 = S.ag_arrivals(2, 2, 1024, 16384, 64, 2, em)
     assert max(ends2) == pytest.approx(1024 * 16384 / 70e3, rel=0.15)
+
+
+def test_puts_to_mapped_peers_keep_their_block_busy():
+    """Forced puts on one node go through NVSHMEM's P2P transport, a copy by the issuing block: with put_by_blocks
+    one gather block cannot carry the link, and the planner takes more (seen 2026-12-04: it took 1, at 15 GB/s)."""
+    g = S.Gemm.from_rate(8192, 6.0)
+    kw = dict(world=2, node_size=1, m=8192, n=3584, k=8192, elem_bytes=2, gemm=g, budget_sms=64,
+              chunk_rows=sch.fused_chunk_rows(4096, 2 * 8192, 128))
+    nic = S.emulated_links(174.5, 1.5)
+    p2p = dataclasses.replace(nic, put_by_blocks=True)
+    one = dict(kw, comm_blocks=1)
+    assert S.plan_ag_gemm(**one, links=p2p)[1].fused_us > 1.5 * S.plan_ag_gemm(**one, links=nic)[1].fused_us
+    assert S.plan_ag_gemm(**kw, links=p2p)[0].comm_blocks > 1

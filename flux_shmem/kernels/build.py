@@ -136,9 +136,27 @@ def _main_source(family: str) -> Path:
     return main
 
 
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"(flux_shmem/[^"]+)"', re.M)
+
+
 def _sources(family: str) -> list[Path]:
+    """The family's source and the project headers it includes, transitively: an edit to a header only the comm
+    kernels use must not rebuild every GEMM configuration (minutes each)."""
     inc = csrc_dir() / "include"
-    return [_main_source(family)] + sorted([*inc.rglob("*.cuh"), *inc.rglob("*.h")])
+    main = _main_source(family)
+    seen: dict[Path, None] = {}
+    todo = [main]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen[p] = None
+        for name in _LOCAL_INCLUDE.findall(p.read_text()):
+            h = inc / name
+            if not h.is_file():
+                raise BuildError(f"{p.name} includes \"{name}\", which is not under {inc}")
+            todo.append(h)
+    return [main] + sorted(q for q in seen if q != main)
 
 
 def needs_host_lib(family: str) -> bool:

@@ -42,6 +42,9 @@ class Links:
     ce_gbps: float = 300.0           # copy-engine DMA to a peer
     ce_local_gbps: float = 1500.0    # copy-engine DMA inside one GPU (the all-gather's own shard, before its kernel)
     put_issue_us: float = 0.5        # a block's cost of issuing one NVSHMEM put (the data moves without it)
+    put_by_blocks: bool = False      # puts go to load/store-mapped peers (forced puts on one node, node groups of
+    #                                  one host): NVSHMEM's P2P transport copies with the issuing block's threads,
+    #                                  which stay busy for the whole transfer, as for a direct store
     model_ingress: bool = True       # receivers' links are shared too (False: as link emulation paces, senders only)
 
     def __post_init__(self) -> None:
@@ -273,7 +276,7 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
             cls = int(u.dest // L != pe // L)
             at = net.transfer(pe, u.dest, cls, nb, t, links.block_gbps, pe)
             land(u.dest, (u.src, u.chunk), at)
-            return (t + links.put_issue_us if u.kind == sch.PUT else at), None
+            return (t + links.put_issue_us if u.kind == sch.PUT and not links.put_by_blocks else at), None
 
     ends = _run_blocks(plans, step, ev, start_us)
     return arr, ends
@@ -360,7 +363,7 @@ def rs_reduce(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_
                 else:  # the node partial goes to the segment's owner
                     at = net.transfer(pe, it.seg, 1, nb, done, links.block_gbps, pe)
                     ev.set(("recv", it.seg, node, it.unit), at)
-                    done += links.put_issue_us
+                    done = at if links.put_by_blocks else done + links.put_issue_us
             return done, None
         if it.op == sch.FINAL:
             for j in range(nodes):

@@ -49,6 +49,22 @@ struct Ctx {
   int pad_;
 };
 
+// Orders this thread's prior generic-proxy accesses (e.g. an acquire of a flag) with its later async-proxy accesses
+// to global memory (TMA loads/stores), and vice versa.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+#endif
+}
+
+// Waits until every bulk async-group committed by this thread is complete, writes included (cute's tma_store_wait
+// only waits for the reads of shared memory).
+__device__ __forceinline__ void bulk_wait_all_complete() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
