@@ -145,8 +145,6 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
     atomicExch(a.started + 1, 1ull);
   }
   arrive(a.ctx, a.bar, e, t);
-  extern __shared__ __align__(128) uint8_t fs_ag_smem[];
-  Ring ring = ring_init(fs_ag_smem, 0);  // the bulk-copy ring, when the launch gave it shared memory
   bool used_put = false;
   for (int i = a.block_begin[blockIdx.x]; i < a.block_begin[blockIdx.x + 1]; ++i) {
     const int4 w = a.units[i];
@@ -157,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
     uint64_t* flag = a.flags + src * a.chunks + chunk;
     if (kind == kLocal) {
       const uint8_t* from = a.src + in_shard;
-      if (from != a.gather + off) block_copy_fast(&ring, a.gather + off, from, bytes);
+      if (from != a.gather + off) block_copy(a.gather + off, from, bytes);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
@@ -174,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
     const int cls = dest / t.node_size != t.node() ? 1 : 0;
     const unsigned long long paced_end = block_pace_reserve(a.pace, cls, bytes);
     const uint8_t* from = kind == kDirect ? a.src + in_shard : a.gather + off;
-    used_put |= put_signal_block(a.gather + off, from, bytes, flag, e, dest, kind != kPut, paced_end, &ring);
+    used_put |= put_signal_block(a.gather + off, from, bytes, flag, e, dest, kind != kPut, paced_end);
   }
   if (a.wait_all) {  // (the fused op's GEMM waits per tile instead)
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < t.world * a.chunks; i += gridDim.x * blockDim.x)
@@ -324,70 +322,6 @@ __device__ __forceinline__ void block_sum(T* dst, Src src, int nsrc, int64_t ele
   }
 }
 
-// Whole block: block_sum through the bulk-copy ring (put.cuh): thread 0 loads each source's next chunk into a
-// stage while every thread sums the chunk before it from shared memory, so kRingStages - 1 stages of every source
-// stay in flight. The same order of additions as block_sum (deterministic, the same result).
-template <typename T, typename Src>
-__device__ void ring_sum(Ring& r, T* dst, Src src, int nsrc, int64_t elems, int64_t n, const T* bias) {
-  using V = Vec<T>;
-  constexpr int kN = V::kN;
-  const uint32_t S = (r.stage_bytes / uint32_t(nsrc)) & ~127u;  // bytes of one source in a stage
-  const int64_t E = S / sizeof(T);                              // elements per chunk
-  const int64_t chunks = (elems + E - 1) / E;
-  auto load = [&](int64_t c) {
-    const uint32_t s = uint32_t((r.seq + c) % kRingStages);
-    const int64_t cnt = elems - c * E < E ? elems - c * E : E;
-    const uint32_t b = uint32_t(cnt * sizeof(T));
-    mbar_expect_tx(r.full + s, b * uint32_t(nsrc));
-    for (int k = 0; k < nsrc; ++k) bulk_load(r.buf + s * r.stage_bytes + k * S, src(k) + c * E, b, r.full + s);
-  };
-  if (threadIdx.x == 0) {
-    fence_proxy_async_global();  // the sources' counters were acquired by generic loads
-    for (int64_t c = 0; c < chunks && c < kRingStages; ++c) load(c);
-  }
-  for (int64_t c = 0; c < chunks; ++c) {
-    const uint32_t q = r.seq + uint32_t(c), s = q % kRingStages;
-    mbar_wait(r.full + s, (q / kRingStages) & 1u);
-    const uint8_t* st = r.buf + s * r.stage_bytes;
-    const int64_t cnt = elems - c * E < E ? elems - c * E : E;
-    for (int64_t i = int64_t(threadIdx.x) * kN; i < cnt; i += int64_t(blockDim.x) * kN) {
-      float acc[kN], x[kN];
-      V::load(st + i * sizeof(T), acc);
-      for (int k = 1; k < nsrc; ++k) {
-        V::load(st + k * S + i * sizeof(T), x);
-#pragma unroll
-        for (int j = 0; j < kN; ++j) acc[j] += x[j];
-      }
-      if (bias != nullptr) {
-        V::load(bias + ((c * E + i) % n), x);
-#pragma unroll
-        for (int j = 0; j < kN; ++j) acc[j] += x[j];
-      }
-      V::store(dst + c * E + i, acc);
-    }
-    __syncthreads();  // every thread is done with the stage
-    if (threadIdx.x == 0 && c + kRingStages < chunks) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads of the stage, then TMA writes
-      load(c + kRingStages);
-    }
-  }
-  r.seq += uint32_t(chunks);
-}
-
-// block_sum through the ring when there is one and every pointer allows bulk copies; else block_sum.
-template <typename T, typename Src>
-__device__ __forceinline__ void block_sum_fast(Ring* r, T* dst, Src src, int nsrc, int64_t elems, int64_t n,
-                                               const T* bias) {
-  bool ok = r != nullptr && r->valid() && (r->stage_bytes / uint32_t(nsrc)) >= 1024u &&
-            ((reinterpret_cast<uintptr_t>(dst) | size_t(elems) * sizeof(T)) & 15u) == 0;
-  for (int k = 0; ok && k < nsrc; ++k) ok = (reinterpret_cast<uintptr_t>(src(k)) & 15u) == 0;
-  if (ok) {
-    ring_sum(*r, dst, src, nsrc, elems, n, bias);
-  } else {
-    block_sum(dst, src, nsrc, elems, n, bias);
-  }
-}
-
 // Block-wide: wait until the M-tile counter of every PE of my node (but `skip`) shows this epoch's tiles. One
 // thread per peer polls, so remote polls overlap; a counter once seen complete is remembered in `seen` (local
 // memory), so the other units of that M-tile do not poll over the network again.
@@ -428,7 +362,6 @@ __device__ void reduce_scatter(const RsArgs& a) {
     node_partial[q] = reinterpret_cast<const T*>(pe == t.me ? a.partial : nvshmem_ptr(a.partial, pe));
   }
   __syncthreads();
-  Ring ring = ring_init(reinterpret_cast<uint8_t*>(fs_rs_smem), uint32_t(L * sizeof(void*)));
   bool used_put = false;
   if (blockIdx.x == 0 && (a.flags & kRsExtendCounters)) {
     // Counters of M-tiles beyond this call's M get their tiles_n increments too, so every counter stays at
@@ -448,7 +381,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
       peers_arrived = true;
       const int64_t lo = int64_t(u) * a.unit_rows, hi = lo + a.unit_rows < a.m ? lo + a.unit_rows : a.m;
       const size_t off = size_t(lo * N) * sizeof(T);
-      if (a.src != a.partial) block_copy_fast(&ring, a.partial + off, a.src + off, size_t((hi - lo) * N) * sizeof(T));
+      if (a.src != a.partial) block_copy(a.partial + off, a.src + off, size_t((hi - lo) * N) * sizeof(T));
       __syncthreads();
       if (threadIdx.x == 0) { __threadfence_system(); red_add_release_sys(a.rows_ready + lo / a.tile_m, 1); }
       __syncthreads();
@@ -470,7 +403,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
       const T* send = node_partial[0] + lo * N;  // one PE per node: its partial is the node partial
       if (L > 1 || Nn == 1 || dst_node == node) {  // (my own segment's node partial: into my receive slot)
         const int64_t off = lo * N;
-        block_sum_fast(&ring, dst, [&](int q) { return node_partial[q] + off; }, L, elems, N, Nn == 1 ? bias : nullptr);
+        block_sum(dst, [&](int q) { return node_partial[q] + off; }, L, elems, N, Nn == 1 ? bias : nullptr);
         send = dst;
       }
       __syncthreads();
@@ -493,8 +426,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
     // kFinal: the node partials of my segment, summed in node order.
     for (int j = 0; j < Nn; ++j)
       if (!block_wait_ge(a.ctx, a.recv_sig + j * a.max_units + u, e, kSiteRecv, j * a.max_units + u)) return;
-    block_sum_fast(&ring, out + seg_row * N, [&](int j) { return recv + (int64_t(j) * Ms + seg_row) * N; }, Nn, elems, N,
-                   bias);
+    block_sum(out + seg_row * N, [&](int j) { return recv + (int64_t(j) * Ms + seg_row) * N; }, Nn, elems, N, bias);
     __syncthreads();
   }
   __syncthreads();

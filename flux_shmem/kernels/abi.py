@@ -3,7 +3,6 @@ csrc/collectives.cu). `Kernel.launch` checks each against the size the cubin dec
 from __future__ import annotations
 
 import ctypes
-import os
 
 c_u64, c_i64, c_i32, c_ptr = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 
@@ -75,17 +74,3 @@ HINTS = {6: " The gather kernel's blocks could not all become resident: another 
             "engine='ce'.",
          3: " If the GEMM of that PE never finished its tiles, check that every PE called the op the same number "
             "of times with the same M."}
-
-
-# The comm kernels' bulk-copy ring (csrc put.cuh Ring): the dynamic shared memory a launch gives it, 4 stages of
-# 48 KiB (three stages of loads in flight per block, ~144 KiB). FLUX_SHMEM_BULK_COPY=0 gives it none: the kernels
-# then copy through registers, as before the ring (30-37 GB/s per block on an H200).
-RING_SMEM_BYTES = 4 * 48 * 1024 + 256
-
-
-def ring_smem_bytes() -> int:
-    """Dynamic shared memory for the comm kernels' ring ($FLUX_SHMEM_BULK_COPY, default 1; read per launch)."""
-    v = os.environ.get("FLUX_SHMEM_BULK_COPY", "1").strip()
-    if v not in ("0", "1"):
-        raise ValueError(f"FLUX_SHMEM_BULK_COPY must be 0 or 1, got {v!r}")
-    return RING_SMEM_BYTES if v == "1" else 0

@@ -149,8 +149,7 @@ class AllGather:
                           shard_bytes=rows * self.cols * elem, chunk_bytes=self.chunk_rows * self.cols * elem,
                           chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace,
                           started=self._gate.data_ptr() if gate else 0)
-        self._kernel.launch(args, grid, 512, smem=abi.ring_smem_bytes(), stream=stream,
-                            cluster=(cluster, 1, 1) if cluster > 1 else None)
+        self._kernel.launch(args, grid, 512, stream=stream, cluster=(cluster, 1, 1) if cluster > 1 else None)
         return self.gather[: self.rt.world_size * rows]
 
     def wait_started(self, stream) -> None:

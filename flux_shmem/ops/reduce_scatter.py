@@ -87,8 +87,8 @@ class ReduceEngine:
                           m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tiles_n=tiles_n,
                           unit_rows=self.unit_rows, node_size=L, max_tiles_m=self.rows_ready.numel(),
                           max_units=self.max_units, flags=flags, pace=self.pace)
-        # Dynamic shared memory: the node peers' addend pointers (no cap on the node size), then the bulk-copy ring.
-        self._kernel.launch(args, grid, 512, smem=8 * L + abi.ring_smem_bytes(), stream=stream)
+        # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
+        self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 
     def wait_done(self, stream=None) -> None:
         """Make `stream` wait until every PE of this node has finished reading this PE's previous input."""

@@ -44,11 +44,13 @@ class Links:
     put_issue_us: float = 0.5        # a block's cost of issuing one NVSHMEM put (the data moves without it)
     put_by_blocks: bool = False      # puts go to load/store-mapped peers (forced puts on one node, node groups of
     #                                  one host): NVSHMEM's P2P transport copies with the issuing block's threads,
-    #                                  which stay busy for the whole transfer, as for a direct store
+    #                                  which stay busy for the whole transfer, at put_block_gbps
+    put_block_gbps: float = 15.0     # one block's NVSHMEM put to a mapped peer (H200, 2026-12-04: 15.8 GB/s with
+    #                                  one block, 14.6 each with two)
     model_ingress: bool = True       # receivers' links are shared too (False: as link emulation paces, senders only)
 
     def __post_init__(self) -> None:
-        for f in ("nvlink_gbps", "ib_gbps", "block_gbps", "local_gbps", "ce_gbps"):
+        for f in ("nvlink_gbps", "ib_gbps", "block_gbps", "local_gbps", "ce_gbps", "put_block_gbps"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"Links.{f} must be > 0, got {getattr(self, f)!r}")
         for f in ("nvlink_latency_us", "ib_latency_us", "put_issue_us"):
@@ -274,7 +276,8 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
                     return None, need
                 t = max(t, ev.known[need])
             cls = int(u.dest // L != pe // L)
-            at = net.transfer(pe, u.dest, cls, nb, t, links.block_gbps, pe)
+            rate = links.put_block_gbps if u.kind == sch.PUT and links.put_by_blocks else links.block_gbps
+            at = net.transfer(pe, u.dest, cls, nb, t, rate, pe)
             land(u.dest, (u.src, u.chunk), at)
             return (t + links.put_issue_us if u.kind == sch.PUT and not links.put_by_blocks else at), None
 
@@ -361,7 +364,8 @@ def rs_reduce(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_
                 if it.seg // L == node:
                     ev.set(("recv", it.seg, node, it.unit), done)
                 else:  # the node partial goes to the segment's owner
-                    at = net.transfer(pe, it.seg, 1, nb, done, links.block_gbps, pe)
+                    at = net.transfer(pe, it.seg, 1, nb, done,
+                                      links.put_block_gbps if links.put_by_blocks else links.block_gbps, pe)
                     ev.set(("recv", it.seg, node, it.unit), at)
                     done = at if links.put_by_blocks else done + links.put_issue_us
             return done, None

@@ -902,66 +902,53 @@ def nn_graph_train_step(rt):
 def comm_block_rates(rt):
     """How fast one comm thread block moves data here (no pacing): the simulator's block rate comes from this.
     Prints GB/s per block for the all-gather (stores into the peer's buffer) and the reduce-scatter (loads of every
-    node PE's addend, one store) with 1, 2 and 4 blocks, through the bulk-copy ring and through registers
-    (FLUX_SHMEM_BULK_COPY=0), and asserts both give bitwise the same results (the same order of additions)."""
+    node PE's addend, one store) with 1, 2 and 4 blocks, and checks both results. (A bulk-copy ring through shared
+    memory, cp.async.bulk, measured the same rates, 2026-12-04: the per-SM copy rate is the limit, not bytes in
+    flight.)"""
     W = rt.world_size
     if W == 1:
         return
     rows, cols = 4096, 8192
     xs = gathered_inputs(rt, (rows, cols), torch.bfloat16, 41)
-    saved = os.environ.get("FLUX_SHMEM_BULK_COPY")
-    outs: dict = {}
-    try:
-        for blocks in (1, 2, 4):
-            ag = flux_shmem.AllGather(rows, cols, torch.bfloat16, comm_blocks=blocks, chunk_rows=64)
-            rs = flux_shmem.ReduceScatter(rows * W, cols, torch.bfloat16, comm_blocks=blocks)
-            buf = rs.input_buffer(rows * W)
-            buf.copy_(torch.cat(xs))
-            res = []
-            for bulk in ("1", "0"):
-                os.environ["FLUX_SHMEM_BULK_COPY"] = bulk
-                for name, fn, nbytes in (("all-gather", lambda: ag(xs[rt.rank], copy=False), (W - 1) * rows * cols * 2),
-                                         ("reduce-scatter", lambda: rs(buf), (W + 1) * rows * cols * 2)):
-                    outs[(blocks, bulk, name)] = fn().clone()
-                    torch.cuda.synchronize()
-                    flux_shmem.barrier()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(5):
-                        fn()
-                    end.record()
-                    torch.cuda.synchronize()
-                    ms = start.elapsed_time(end) / 5
-                    res.append(f"{name} {'ring' if bulk == '1' else 'registers'} {nbytes / ms / 1e6 / blocks:.0f} "
-                               f"GB/s per block ({ms:.3f} ms)")
-                    flux_shmem.barrier()
-            for name in ("all-gather", "reduce-scatter"):
-                a, b = outs[(blocks, "1", name)], outs[(blocks, "0", name)]
-                assert torch.equal(a, b), f"{name}, {blocks} block(s): the ring and the register copies differ " \
-                                          f"(max abs diff {(a.float() - b.float()).abs().max().item()})"
-            if rt.rank == 0:
-                print(f"CHECK info: {blocks} block(s): " + "; ".join(res), flush=True)
+    for blocks in (1, 2, 4):
+        ag = flux_shmem.AllGather(rows, cols, torch.bfloat16, comm_blocks=blocks, chunk_rows=64)
+        rs = flux_shmem.ReduceScatter(rows * W, cols, torch.bfloat16, comm_blocks=blocks)
+        buf = rs.input_buffer(rows * W)
+        buf.copy_(torch.cat(xs))
+        res = []
+        for name, fn, nbytes in (("all-gather", lambda: ag(xs[rt.rank], copy=False), (W - 1) * rows * cols * 2),
+                                 ("reduce-scatter", lambda: rs(buf), (W + 1) * rows * cols * 2)):
+            out = fn().clone()
+            torch.cuda.synchronize()
             flux_shmem.barrier()
-        # and both are right: every PE's input is cat(xs), so PE r's reduced rows are W * xs[r]
-        for blocks in (1, 2, 4):
-            assert torch.equal(outs[(blocks, "1", "all-gather")], torch.cat(xs)), f"all-gather, {blocks} block(s)"
-            err = rel_err(outs[(blocks, "1", "reduce-scatter")], W * xs[rt.rank].float())
-            assert err < 1e-2, f"reduce-scatter, {blocks} block(s): rel. error {err}"
-    finally:
-        if saved is None:
-            os.environ.pop("FLUX_SHMEM_BULK_COPY", None)
-        else:
-            os.environ["FLUX_SHMEM_BULK_COPY"] = saved
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end) / 5
+            res.append(f"{name} {nbytes / ms / 1e6 / blocks:.0f} GB/s per block ({ms:.3f} ms)")
+            # every PE's input is cat(xs): the gather is cat(xs), PE r's reduced rows are W * xs[r]
+            if name == "all-gather":
+                assert torch.equal(out, torch.cat(xs)), f"all-gather, {blocks} block(s)"
+            else:
+                err = rel_err(out, W * xs[rt.rank].float())
+                assert err < 1e-2, f"reduce-scatter, {blocks} block(s): rel. error {err}"
+        if rt.rank == 0:
+            print(f"CHECK info: {blocks} block(s): " + "; ".join(res), flush=True)
+        flux_shmem.barrier()
 
 
 @check("emulation")
 def fused_gemm_costs(rt):
-    """Informational: what slows the GEMM inside a fused GEMM+RS call (its timed stage ran 7-12% over gemm_only
-    on the same SMs, 2026-12-04). The TP8 down-projection shard 8192 x 8192 x 3584 on the fused call's GEMM SMs:
-    our gemm_only (its own configuration and swizzle), the fused call's configuration plain, with the M-tile
-    counters its epilogue raises (each tile's stores drained first), with the fused M-tile order, with both, and
-    the GEMM stage of the real fused call (the reduce kernel beside it). A throwaway op: the GEMM-only variants
-    leave its counters off the epoch, so it is not called again."""
+    """Informational: what slows the GEMM inside a fused GEMM+RS call. The TP8 down-projection shard
+    8192 x 8192 x 3584 on the fused call's GEMM SMs, interleaved in rounds (clock and power drift hit all alike):
+    our gemm_only (its own configuration and swizzle); the fused call's configuration plain, with the M-tile
+    counters its epilogue raises, with the fused M-tile order, with both (and swizzle 4); and the GEMM stage of the
+    real fused call (the reduce kernel beside it). The GEMM-only variants run on a second, throwaway op (they
+    leave its counters off the epoch). 2026-12-04: the counters cost 5% with two system fences per tile, nothing
+    with one."""
     from flux_shmem.runtime import stall
     if rt.world_size == 1:
         return
@@ -970,31 +957,42 @@ def fused_gemm_costs(rt):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g).t()
     op = flux_shmem.GEMMReduceScatter(m, n, k, torch.bfloat16, mode="fused")
+    scratch = flux_shmem.GEMMReduceScatter(m, n, k, torch.bfloat16, mode="fused")
     plan = op.call_plan(m, "nk")
-    out = {}
-    calls = []
-    for i in range(12):  # the real fused call first, while its counters are on the epoch
-        flux_shmem.barrier()
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-        with stall.timed_stages() as traced:
-            op(a, b)
-        calls.append((start, traced[0]))
-    torch.cuda.synchronize()
-    fused = sorted(next(t for lab, _s, t in stall.stage_offsets_ms(tr, st) if lab.startswith("fused GEMM")) -
-                   stall.stage_offsets_ms(tr, st)[0][2] for st, tr in calls[2:])
-    out["fused call's GEMM stage"] = fused[len(fused) // 2]
 
-    def raw(counters, order):
-        return lambda: op._gemm("nk", a, b, op.engine.partial.data_ptr(), None, m, counters=counters,
-                                sm_count=plan.gemm_sms, order=plan.order if order else None, swizzle=plan.swizzle,
-                                choice=plan.gemm)
+    def fused_stage(calls: int) -> list:
+        marks = []
+        for _ in range(calls):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            with stall.timed_stages() as traced:
+                op(a, b)
+            marks.append((start, traced[0]))
+        torch.cuda.synchronize()
+        out = []
+        for start, tr in marks:
+            st = stall.stage_offsets_ms(tr, start)
+            out.append(next(t for lab, _s, t in st if lab.startswith("fused GEMM")) - st[0][2])
+        return out
+
+    def raw(counters, order, swizzle=plan.swizzle):
+        return lambda: scratch._gemm("nk", a, b, scratch.engine.partial.data_ptr(), None, m, counters=counters,
+                                     sm_count=plan.gemm_sms, order=plan.order if order else None,
+                                     swizzle=swizzle, choice=plan.gemm)
     variants = {"gemm_only": lambda: op.gemm_only(a, b, sm_count=plan.gemm_sms), "plain": raw(False, False),
-                "counters": raw(True, False), "order": raw(False, True), "counters+order": raw(True, True)}
-    for name, fn in variants.items():
-        fn()
-        flux_shmem.barrier()
-        out[name] = per_call_ms(fn, lambda: None, 15)[7]
+                "counters": raw(True, False), "order": raw(False, True), "counters+order": raw(True, True),
+                "counters+order swizzle 4": raw(True, True, 4), "fused call's GEMM stage": None}
+    samples = {name: [] for name in variants}
+    for rnd in range(6):
+        for name in (list(variants) if rnd % 2 == 0 else list(variants)[::-1]):
+            flux_shmem.barrier()
+            if variants[name] is None:
+                fused_stage(1)  # warm-up after the switch
+                samples[name] += fused_stage(4)
+            else:
+                variants[name]()
+                samples[name] += per_call_ms(variants[name], lambda: None, 4)
+    out = {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
     if rt.rank == 0:
         base = out["gemm_only"]
         print(f"CHECK info: GEMM+RS {m}x{n}x{k} on {plan.gemm_sms} CTAs ({plan.gemm.config}, swizzle {plan.swizzle}; "

@@ -89,6 +89,12 @@ __device__ __forceinline__ void red_add_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// After a __threadfence_system(): the fence orders the writes before it (NVSHMEM's own signal pattern); a release
+// on top would be a second system-scope fence.
+__device__ __forceinline__ void red_add_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void red_add_release_gpu(uint64_t* p, uint64_t v) {
   asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
