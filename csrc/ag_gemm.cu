@@ -60,6 +60,7 @@ int ag_args(const char* kname, const FsAgGemmArgs* a, typename Cfg::Kernel::Argu
   args.mainloop.chunks_per_shard = a->chunks_per_shard;
   args.mainloop.wait = a->wait ? 1 : 0;
   args.mainloop.ctx = to_ctx(a->ctx);
+  args.scheduler.ctx = to_ctx(a->ctx);
   return kOk;
 }
 

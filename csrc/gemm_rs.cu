@@ -55,6 +55,7 @@ int rs_args(const char* kname, const FsGemmRsArgs* a, typename Cfg::Kernel::Argu
   args.epilogue.group_size = a->group_size;
   args.epilogue.epoch = a->epoch;
   args.epilogue.ctx = to_ctx(a->ctx);
+  args.scheduler.ctx = to_ctx(a->ctx);
   return kOk;
 }
 

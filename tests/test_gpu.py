@@ -112,6 +112,11 @@ def test_timeout_raises_with_details():
     assert_checks_passed(proc, 1)
 
 
+def test_split_k_lock_times_out_with_details():
+    proc = launch(1, "timeout_split_k", env={"FLUX_SHMEM_ON_TIMEOUT": "raise", "FLUX_SHMEM_TIMEOUT_S": "2"})
+    assert_checks_passed(proc, 1)
+
+
 def test_timeout_traps_and_reports():
     proc = launch(1, "timeout_trap", env={"FLUX_SHMEM_TIMEOUT_S": "2"}, timeout=300)
     out = proc.stdout + proc.stderr

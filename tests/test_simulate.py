@@ -118,7 +118,8 @@ def test_w8_llama70b(op, n, k, hidden):
     """The ops' own choices (engine, SM split, tail) at W = 8, M = 8192 on the Llama-3-70B TP8 shard shapes: never
     slower than decomposed, and on the shapes whose communication is 0.3x to 1x the GEMM the share hidden is pinned.
     The issue's bar is 85%: AG+GEMM (copy engines) predicts 91%, GEMM+RS 81% with the default H200 link model
-    (40 GB/s per comm block over NVLink, an assumption no run here has checked): the GEMM's last wave of
+    (40 GB/s per comm block over NVLink: on one H200 a block moves 30-38 GB/s between PEs, check comm_block_rates;
+    real NVLink's is unmeasured here): the GEMM's last wave of
     reductions (7 x 2 MB per owner over a 360 GB/s link: ~41 us) and the 4 comm SMs are what is left."""
     split, r = _choose(op, n, k)
     ratio = r.comm_us / r.gemm_all_us
@@ -128,9 +129,6 @@ def test_w8_llama70b(op, n, k, hidden):
         assert r.hidden == pytest.approx(hidden, abs=0.01), (split, ratio, r.as_dict())
 
 
-# Measured on one H200 (2026-12-03, benchmarks/RESULTS.md): 2 PEs at once under MPS (66 SMs each), links paced to
-# 180 GB/s + 1.5 us (`run.py --emulate-link nvlink --mode fused`), per-PE shapes; the split each call used, our
-# gemm_only time on the whole budget (which sets the per-tile time), and the fused time.
 # Measured 2026-12-04 on one H200 (benchmarks/RESULTS.md, seventh session, call 1): W PEs under MPS, each in a green
 # context of 128 / W SMs, NVLink emulated at 360 GB/s x SMs / 132, comm blocks copying through registers.
 EMULATED_RUNS = [  # W, op, M, N, K per PE, comm blocks, GEMM SMs, tail M-tiles, gemm_only ms, measured fused ms

@@ -66,8 +66,11 @@ SITES = {1: "barrier arrival slot of PE", 2: "all-gather chunk flag (source PE *
          3: "GEMM rows-ready counter (epilogue: M-tile; reduce: PE * M-tiles + M-tile)",
          4: "reduce-scatter receive signal (node * units + unit)",
          5: "reduce-scatter done slot of PE",
-         6: "all-gather start gate (the blocks of this PE's gather kernel that have started)", 9: "test signal"}
-HINTS = {6: " The gather kernel's blocks could not all become resident: another kernel holds the SMs of this "
+         6: "all-gather start gate (the blocks of this PE's gather kernel that have started)",
+         7: "GEMM split-K lock (reduction slot * consumer warpgroups + warpgroup)", 9: "test signal"}
+HINTS = {7: " A split of that tile never arrived: a CTA of the GEMM's grid may never have become resident, or another "
+            "launch overwrote this GEMM's workspace (one instance's workspace serves one launch at a time).",
+         6: " The gather kernel's blocks could not all become resident: another kernel holds the SMs of this "
             "context (see FLUX_SHMEM_SMS, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, FLUX_SHMEM_SM_PARTITION).",
          2: " If the all-gather kernel of the source PE never ran, another kernel may hold the SMs it needs (the "
             "fused GEMM leaves comm_blocks SMs free of the context's budget): run fewer concurrent kernels, or use "

@@ -1250,6 +1250,37 @@ def mps_concurrency(rt):
 
 
 # ------------------------------------------------------------------------------------------------------------
+@check("timeout_split_k")
+def timeout_split_k(rt):
+    """A split-K lock that never reaches its count (the lock region of the GEMM's workspace poisoned) makes the
+    kernel time out and report the lock instead of hanging (run alone: the process's error record is claimed)."""
+    assert not rt.trap_on_timeout, "run with FLUX_SHMEM_ON_TIMEOUT=raise"
+    os.environ["FLUX_SHMEM_GEMM_CONFIG"] = "config=128x256_c2x1,split=2"
+    m, n, k = 8192, 1280, 8192  # a last wave of tiles the split applies to, on any SM count
+    op = flux_shmem.AllGatherGEMM(m * rt.world_size, n, k, torch.bfloat16, mode="decomposed")
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    choice = op.gemm_choice(m, "nk", op.sms)
+    assert choice.split == 2, choice
+    out = op.gemm_only(a, b)
+    torch.cuda.synchronize()
+    assert rel_err(out, a.float() @ b.float()) < 1e-2
+    ws = op.kernel("nk", choice.config)._workspace
+    ws[: 64 * 1024].view(torch.int32).fill_(-1000)  # the locks: split s waits for lock >= s, forever now
+    t0 = time.time()
+    op.gemm_only(a, b)
+    torch.cuda.synchronize()
+    waited = time.time() - t0
+    assert rt.timeout_s * 0.9 <= waited < rt.timeout_s + 20, f"the GEMM returned after {waited:.1f} s"
+    try:
+        flux_shmem.check_errors()
+    except flux_shmem.SignalTimeoutError as e:
+        msg = str(e)
+        assert f"PE {rt.rank}" in msg and "GEMM split-K lock" in msg and "needed >= 1" in msg, msg
+    else:
+        raise AssertionError("split-K lock timeout not reported")
+
+
 @check("timeout_raise")
 def timeout_raise(rt):
     assert not rt.trap_on_timeout, "run with FLUX_SHMEM_ON_TIMEOUT=raise"

@@ -128,9 +128,11 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   struct Arguments : Base::Arguments {
     const int32_t* m_tile_order = nullptr;
     int32_t splits = 1;
+    fs::Ctx ctx{};  // timeout and error slot of the split-K lock waits (timeout_ns 0: wait without one)
   };
 
   struct Params : Base::Params {
+    fs::Ctx ctx{};
     const int32_t* m_tile_order = nullptr;
     fs::UnitGrid grid{};
     int64_t units = 0;
@@ -192,6 +194,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     const int64_t m = cute::get<0>(problem_shape_mnkl), n = cute::get<1>(problem_shape_mnkl),
                   k = cute::get<2>(problem_shape_mnkl);
     p.m_tile_order = args.m_tile_order;
+    p.ctx = args.ctx;
     p.grid = unit_grid(m, n, k, args.max_swizzle_size, args.splits, hw_info);
     p.units = fs::unit_count(p.grid);
     p.tiles_m = fs::tiles_along(m, kTileM);
@@ -325,14 +328,14 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
       AccArray* acc = reinterpret_cast<AccArray*>(accumulators.data());
       const int tid = static_cast<int>(threadIdx.x % ReduceBarrier::ThreadCount);
       if (w.split == splits - 1) {
-        ReduceBarrier::wait_eq(barrier_idx, params.locks, tid, lock, splits - 1);
+        wait_lock(params, barrier_idx, tid, lock, splits - 1);
         Striped::load_add(*acc, partial, tid);
         if (tid == 0) params.locks[lock] = 0;  // every peer has arrived; the next launch starts from zero
       } else {
         if (w.split == 0) {
           Striped::store(partial, *acc, tid);
         } else {
-          ReduceBarrier::wait_eq(barrier_idx, params.locks, tid, lock, w.split);
+          wait_lock(params, barrier_idx, tid, lock, w.split);
           Striped::reduce(partial, *acc, tid);
         }
         ReduceBarrier::arrive_inc(barrier_idx, params.locks, tid, lock, 1);
@@ -340,6 +343,34 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     } else {
       (void)params, (void)w, (void)accumulators, (void)num_barriers, (void)barrier_idx;
     }
+  }
+
+  // CUTLASS's wait_eq with the runtime timeout: thread 0 of the warpgroup waits until the lock reaches val (locks
+  // only count up between launches, so >= is ==), then the warpgroup syncs on its named barrier. A split whose
+  // predecessor never arrives reports its PE and lock instead of hanging (seen 2026-12-04 without it: a silent
+  // hang, stale partials read as locks). A context without a timeout (plain kernels.gemm) waits as CUTLASS does.
+  CUTLASS_DEVICE static void wait_lock(Params const& params, uint32_t barrier_idx, int tid, int lock, int val) {
+    if (tid == 0) {
+      const int* p = reinterpret_cast<const int*>(params.locks) + lock;
+      const fs::Ctx ctx = params.ctx;  // a local copy for the out-of-line report
+      uint64_t start = 0;
+      for (uint32_t spin = 0;; ++spin) {
+        int v;
+        asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        if (v >= val) break;
+        if (ctx.timeout_ns == 0 || (spin & 1023u) != 0u) continue;
+        const uint64_t now = fs::global_timer_ns();
+        if (start == 0) start = now;
+        if (now - start > ctx.timeout_ns) {
+          fs::report_timeout(ctx, reinterpret_cast<const uint64_t*>(p), uint64_t(val), uint64_t(v),
+                             fs::kSiteSplitK, lock);
+          break;  // (the op raises on its next error check)
+        }
+        if (fs::error_raised(ctx)) break;
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(ReduceBarrier::ThreadCount,
+                                      static_cast<cutlass::arch::ReservedNamedBarriers>(kReduceBarrier0 + barrier_idx));
   }
 
  private:

@@ -29,6 +29,7 @@ enum Site : int {
   kSiteRows = 3,         // rows-ready counter of a GEMM m-tile (GEMM epilogue: index = m-tile; reduce: PE * tiles + m-tile)
   kSiteRecv = 4,         // reduce-scatter receive signal (index = source node * units + unit)
   kSiteDone = 5,         // reduce-scatter "done reading my input" slot of a node peer (index = peer PE)
+  kSiteSplitK = 7,       // split-K lock of a CTA tile (index = reduction slot * consumer warpgroups + warpgroup)
   kSiteTest = 9,         // test kernel
 };
 
