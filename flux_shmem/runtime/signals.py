@@ -49,8 +49,9 @@ class ErrorChannel:
 
     def message(self, rec: abi.ErrorRecord) -> str:
         what = abi.SITES.get(rec.site, f"site {rec.site}")
+        seen = rec.seen - (1 << 64) if rec.seen >= 1 << 63 else rec.seen  # (a negative lock read as 64 bits)
         return (f"flux_shmem: PE {rec.pe} timed out after {self._timeout_s:g} s waiting on {what} {rec.index}: "
-                f"needed >= {rec.expected}, saw {rec.seen} (signal at 0x{rec.addr:x}, block {rec.block}, thread "
+                f"needed >= {rec.expected}, saw {seen} (signal at 0x{rec.addr:x}, block {rec.block}, thread "
                 f"{rec.thread}). A peer did not arrive or stopped early: check every PE made the same calls; "
                 "raise FLUX_SHMEM_TIMEOUT_S if the wait was legitimately long." + abi.HINTS.get(rec.site, ""))
 
