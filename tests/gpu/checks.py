@@ -938,6 +938,41 @@ def comm_block_rates(rt):
         if rt.rank == 0:
             print(f"CHECK info: {blocks} block(s): " + "; ".join(res), flush=True)
         flux_shmem.barrier()
+    beside_gemm_rates(rt, rows, cols, xs)
+
+
+def beside_gemm_rates(rt, rows, cols, xs):
+    """The all-gather's GB/s per block while a GEMM runs on the other SMs of the budget, as in a fused call (a
+    gather block moved ~25 GB/s there against ~35 alone, 2026-12-04, read off the fused calls' stage times)."""
+    W = rt.world_size
+    m, n, k = 16384, 3584, 8192  # a GEMM longer than the gather (inputs ready: the side stream waits for nothing)
+    g = torch.Generator(device="cuda").manual_seed(5 + rt.rank)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g).t()
+    op = flux_shmem.AllGatherGEMM(m * W, n, k, torch.bfloat16, mode="decomposed")
+    from flux_shmem.runtime import partition
+    side = partition.side_stream(rt.device)  # in this PE's green context, like a fused call's comm stream
+    res = []
+    for blocks in (2, 4):
+        ag = flux_shmem.AllGather(rows, cols, torch.bfloat16, comm_blocks=blocks, chunk_rows=64)
+        gemm_sms = (op.sms - blocks) // op.cluster_m * op.cluster_m
+        times = []
+        for _ in range(4):
+            torch.cuda.synchronize()
+            flux_shmem.barrier()
+            op.gemm_only(a, b, sm_count=gemm_sms)  # first, so that the gather's blocks take the SMs left over
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(side):
+                start.record()
+                ag(xs[rt.rank], copy=False)
+                end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        res.append(f"{blocks} blocks {(W - 1) * rows * cols * 2 / ms / 1e6 / blocks:.0f} GB/s per block ({ms:.3f} ms)")
+    if rt.rank == 0:
+        print(f"CHECK info: all-gather beside a GEMM on the other SMs: " + "; ".join(res), flush=True)
+    flux_shmem.barrier()
 
 
 @check("emulation")
