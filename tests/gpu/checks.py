@@ -950,12 +950,13 @@ def beside_gemm_rates(rt, rows, cols, xs):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g).t()
     op = flux_shmem.AllGatherGEMM(m * W, n, k, torch.bfloat16, mode="decomposed")
+    from flux_shmem.ops import simulate
     from flux_shmem.runtime import partition
     side = partition.side_stream(rt.device)  # in this PE's green context, like a fused call's comm stream
     res = []
     for blocks in (2, 4):
         ag = flux_shmem.AllGather(rows, cols, torch.bfloat16, comm_blocks=blocks, chunk_rows=64)
-        gemm_sms = (op.sms - blocks) // op.cluster_m * op.cluster_m
+        gemm_sms = simulate.gemm_sms_for(op.sms, op.cluster_m, blocks)  # as a fused call splits its budget
         times = []
         for _ in range(4):
             torch.cuda.synchronize()
@@ -984,6 +985,7 @@ def fused_gemm_costs(rt):
     real fused call (the reduce kernel beside it). The GEMM-only variants run on a second, throwaway op (they
     leave its counters off the epoch). 2026-12-04: the counters cost 5% with two system fences per tile, nothing
     with one."""
+    from benchmarks import metrics
     from flux_shmem.runtime import stall
     if rt.world_size == 1:
         return
@@ -1004,11 +1006,7 @@ def fused_gemm_costs(rt):
                 op(a, b)
             marks.append((start, traced[0]))
         torch.cuda.synchronize()
-        out = []
-        for start, tr in marks:
-            st = stall.stage_offsets_ms(tr, start)
-            out.append(next(t for lab, _s, t in st if lab.startswith("fused GEMM")) - st[0][2])
-        return out
+        return [metrics.fused_gemm_ms(stall.stage_offsets_ms(tr, start)) for start, tr in marks]
 
     def raw(counters, order, swizzle=plan.swizzle):
         return lambda: scratch._gemm("nk", a, b, scratch.engine.partial.data_ptr(), None, m, counters=counters,
@@ -1285,6 +1283,23 @@ def mps_concurrency(rt):
 
 
 # ------------------------------------------------------------------------------------------------------------
+def expect_timeout(rt, call, what: str, *needles: str) -> None:
+    """call() must return after about the runtime timeout, and check_errors then raise a report that names this PE
+    and contains every needle."""
+    t0 = time.time()
+    call()
+    torch.cuda.synchronize()
+    waited = time.time() - t0
+    assert rt.timeout_s * 0.9 <= waited < rt.timeout_s + 20, f"{what} returned after {waited:.1f} s"
+    try:
+        flux_shmem.check_errors()
+    except flux_shmem.SignalTimeoutError as e:
+        msg = str(e)
+        assert f"PE {rt.rank}" in msg and all(n in msg for n in needles), msg
+    else:
+        raise AssertionError(f"{what}: timeout not reported")
+
+
 @check("timeout_split_k")
 def timeout_split_k(rt):
     """A split-K lock that never reaches its count (the lock region of the GEMM's workspace poisoned) makes the
@@ -1302,36 +1317,14 @@ def timeout_split_k(rt):
     assert rel_err(out, a.float() @ b.float()) < 1e-2
     ws = op.kernel("nk", choice.config)._workspace
     ws[: 64 * 1024].view(torch.int32).fill_(-1000)  # the locks: split s waits for lock >= s, forever now
-    t0 = time.time()
-    op.gemm_only(a, b)
-    torch.cuda.synchronize()
-    waited = time.time() - t0
-    assert rt.timeout_s * 0.9 <= waited < rt.timeout_s + 20, f"the GEMM returned after {waited:.1f} s"
-    try:
-        flux_shmem.check_errors()
-    except flux_shmem.SignalTimeoutError as e:
-        msg = str(e)
-        assert f"PE {rt.rank}" in msg and "GEMM split-K lock" in msg and "needed >= 1" in msg, msg
-    else:
-        raise AssertionError("split-K lock timeout not reported")
+    expect_timeout(rt, lambda: op.gemm_only(a, b), "the GEMM", "GEMM split-K lock", "needed >= 1")
 
 
 @check("timeout_raise")
 def timeout_raise(rt):
     assert not rt.trap_on_timeout, "run with FLUX_SHMEM_ON_TIMEOUT=raise"
     pool = flux_shmem.SignalPool(2)
-    t0 = time.time()
-    pool.wait(1, 42)  # nobody ever sets it
-    torch.cuda.synchronize()
-    waited = time.time() - t0
-    assert rt.timeout_s * 0.9 <= waited < rt.timeout_s + 20, f"wait returned after {waited:.1f} s"
-    try:
-        flux_shmem.check_errors()
-    except flux_shmem.SignalTimeoutError as e:
-        msg = str(e)
-        assert f"PE {rt.rank}" in msg and "needed >= 42" in msg and "saw 0" in msg, msg
-    else:
-        raise AssertionError("timeout not reported")
+    expect_timeout(rt, lambda: pool.wait(1, 42), "wait", "needed >= 42", "saw 0")  # nobody ever sets it
 
 
 @check("timeout_trap")
