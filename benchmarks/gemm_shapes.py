@@ -189,6 +189,7 @@ def main(argv=None) -> int:
             if args.budget_s is not None and time.time() - t0 > args.budget_s - fused_reserve:
                 break
             m, n, k = s.m, s.n, s.k
+            t_pair = time.time()
             entry = tune_cache.TuneCache(cache_path).lookup(device, args.dtype, lay, m, n, k)
             if args.tune == "all" or (args.tune == "missing" and entry is None):
                 try:
@@ -230,7 +231,8 @@ def main(argv=None) -> int:
                 rows.append(rec)
                 emit(rec)
                 line.append(f"{fam}/{kind[0]} {rec['ratio']:.3f}{'' if ok else ' FAIL'}")
-            line.append(f"[h {tune.label(heur)} | t {tune.label(tuned)}]")
+            line.append(f"[h {tune.label(heur)} | t {tune.label(tuned)}] "
+                        f"{time.time() - t_pair:.1f} s ({time.time() - t0:.0f} s)")
             print("  ".join(line), flush=True)
             del sets, ref, fns
             done += 1

@@ -18,6 +18,7 @@ import pytest
 
 from flux_shmem.errors import BuildError, FluxShmemError
 from flux_shmem.kernels import build as kb
+from flux_shmem.kernels import config
 from flux_shmem.kernels import gemm as kg
 from flux_shmem.kernels import registry
 
@@ -201,9 +202,10 @@ def test_params_errors_are_reported(libs):
 
 
 def test_split_k_workspace_and_errors(libs):
-    """8192x1280x8192 on 132 SMs: 160 cluster tiles of 128x256 on 66 clusters; with splits=2 the 28 tiles of the
-    last wave (56 CTA tiles) need fp32 partials, after a lock region of fixed size (two locks per CTA tile) that
-    every shape shares; the whole waves need nothing."""
+    """8192x1280x8192 on 132 SMs: 160 cluster tiles of 128x256 on 66 clusters; with splits=2 the last 94 tiles run
+    as stream-K over the 66 clusters, and each cluster's range (2 CTA tiles) has a reduction slot of fp32 partials,
+    after a lock region of fixed size that every shape shares; whole waves need nothing. Below one wave (M = 1024,
+    20 cluster tiles) splits=3 makes 60 ranges."""
     lock_region = 64 * 1024
     for fam in FAMILIES:
         h = kg.GemmHost(libs[fam], fam, "bf16", "nk")
@@ -211,10 +213,11 @@ def test_split_k_workspace_and_errors(libs):
         base = dict(m=8192, n=1280, k=8192, a=0x10000, b=0x20000, d=0x30000, sm_count=132)
         assert h.workspace_size(args(**base)) == 0
         assert h.workspace_size(args(**base, splits=1)) == 0
-        assert h.workspace_size(args(**base, splits=2)) == lock_region + 56 * 128 * 256 * 4
-        assert h.workspace_size(args(**{**base, "m": 1024}, splits=3)) == lock_region + 20 * 2 * 128 * 256 * 4
-        assert h.workspace_size(args(**{**base, "m": 16384}, splits=2)) == lock_region + 112 * 128 * 256 * 4
+        assert h.workspace_size(args(**base, splits=2)) == lock_region + 66 * 2 * 128 * 256 * 4
+        assert h.workspace_size(args(**{**base, "m": 1024}, splits=3)) == lock_region + 60 * 2 * 128 * 256 * 4
+        assert h.workspace_size(args(**{**base, "m": 16384}, splits=2)) == lock_region + 66 * 2 * 128 * 256 * 4
         assert h.workspace_size(args(**{**base, "m": 66 * 256, "n": 256}, splits=2)) == 0  # one whole wave
+        assert config.tail_plan(160, 66, 2, 128) == (66, 66) and config.tail_plan(20, 66, 3, 128) == (0, 60)
         with pytest.raises(FluxShmemError, match="splits=17 but this kernel configuration takes 1 to 16"):
             h.workspace_size(args(**base, splits=17))
         with pytest.raises(FluxShmemError, match="splits=4 exceeds the 2 K-tiles of k=128"):

@@ -49,6 +49,9 @@ def test_registry_fingerprint_tracks_entries(monkeypatch):
     changed[registry.DEFAULT] = dataclasses.replace(changed[registry.DEFAULT], cluster_m=1)
     monkeypatch.setattr(registry, "CONFIGS", changed)
     assert registry.fingerprint() != fp
+    monkeypatch.undo()
+    monkeypatch.setattr(registry, "SPLIT_SCHEDULE", "another meaning of split")
+    assert registry.fingerprint() != fp  # a tuned split=2 measured under another schedule is stale
 
 
 def test_build_keys_per_config():
@@ -85,14 +88,15 @@ def test_persistent_clusters_follow_cutlass_rule():
 
 
 def test_heuristic_splits_the_partial_last_wave():
-    """Llama-3 70B QKV at TP 8, M = 8192: 160 cluster tiles of 128x256 on 66 clusters (2.4 waves): the 28 tiles of
-    the last wave are split; at M = 16384 (4.85 waves) nothing is."""
+    """Llama-3 70B QKV at TP 8, M = 8192: 160 cluster tiles of 128x256 on 66 clusters (2.42 waves): the last 94
+    tiles (the partial wave and the whole one before it) run as stream-K, 2.42 tile times instead of 3; at
+    M = 16384 (4.85 waves) the gain is under the margin."""
     c = config.heuristic(8192, 1280, 8192, "bf16", "nk", 132)
     assert c.config == "128x256_c2x1" and c.split == 2 and c.source == "heuristic"
-    assert "2.42 waves" in c.reason and "split 2-way" in c.reason
+    assert "2.42 waves" in c.reason and "last 94 as stream-K over 66 clusters" in c.reason
     assert config.heuristic(16384, 1280, 8192, "bf16", "nk", 132).split == 1
-    tiny = config.heuristic(1024, 1280, 8192, "bf16", "kn", 132)  # under one wave: split everything
-    assert tiny.split >= 3
+    tiny = config.heuristic(1024, 1280, 8192, "bf16", "kn", 132)  # under one wave: every tile in pieces
+    assert tiny.split >= 2 and "stream-K over 66 clusters" in tiny.reason
 
 
 def test_heuristic_keeps_default_on_full_waves():
@@ -127,6 +131,22 @@ def test_group_rows_caps_the_swizzle():
     assert c.swizzle * 256 <= 512
     with pytest.raises(FluxShmemError, match="group_rows"):
         config.swizzle_for(cfg, 8192, group_rows=0)
+
+
+def test_stream_k_model_follows_the_kernels_plan():
+    """tail_plan is the kernel's plan (tests/test_gemm_schedule.py checks that one); the model's time of a stream-K
+    tail is the even share of its K-tiles plus the pieces' reduction, so 2.42 waves cost about 2.42 tile times."""
+    assert config.tail_plan(160, 66, 1, 128) == (160, 0)
+    assert config.tail_plan(132, 66, 2, 128) == (132, 0)  # whole waves: nothing to split
+    assert config.tail_plan(24, 66, 2, 64) == (0, 48) and config.tail_plan(24, 66, 16, 64) == (0, 66)
+    assert config.tail_plan(2, 66, 16, 3) == (0, 6)  # never more ranges than K-tiles
+    cfg = registry.get(registry.DEFAULT)
+    whole = config.estimate(cfg, 8192, 1280, 8192, 132, 1)
+    sk = config.estimate(cfg, 8192, 1280, 8192, 132, 2)
+    assert (sk.tail_tiles, sk.tail_units) == (94, 66)
+    assert sk.us / whole.us == pytest.approx(2.42 / 3, abs=0.03)
+    assert config._split_options(cfg, 8192, 1280, 8192, 132) == [1, 2]
+    assert config._split_options(cfg, 1024, 768, 4096, 132) == [1, 2, 3, 4, 5, 6]  # 12 tiles: 6 fill 66
 
 
 def test_configs_restrict_the_choice():

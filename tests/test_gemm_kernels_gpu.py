@@ -83,6 +83,37 @@ def test_split_k_graph_replays(config):
         assert _rel(d, ref) < 1e-2
 
 
+@pytest.mark.parametrize("config", ["128x256_c2x1", "256x128_c1x2", "128x128_c2x1"])
+def test_stream_k_tails(config):
+    """Stream-K tails whose ranges straddle tiles (a cluster ends one tile and starts the next; pieces of unequal
+    K), above and below one wave and on odd SM counts: right outputs, and bitwise the same on a second launch (the
+    pieces add up in a fixed order)."""
+    import torch
+    from flux_shmem.kernels import config as kconfig
+    from flux_shmem.kernels import gemm as kg
+    from flux_shmem.kernels import registry
+    cfg = registry.get(config)
+    g = kg.CutlassGemm.get("gemm_rs", torch.bfloat16, "nk", config)
+    for (m, n, k), sm in (((8192, 1280, 1024), 132), ((1024, 768, 4096), 132), ((3000, 1000, 3000), 100),
+                          ((2048, 3584, 1536), 17)):
+        a, b, _ = _operands(m, n, k, "nk", torch.bfloat16, seed=m + n)
+        ref = a.float() @ b.float()
+        for split in (2, 3, 16):
+            split = min(split, -(-k // 64))
+            cm, cn = kconfig.cluster_tiles(cfg, m, n)
+            plan = kconfig.tail_plan(cm * cn, kconfig.persistent_clusters(cfg, sm), split, -(-k // 64))
+            outs = []
+            for _ in range(2):
+                d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                g.launch(kg.plain_args("gemm_rs", a.data_ptr(), b.data_ptr(), d.data_ptr(), 0, m, n, k,
+                                       sm_count=sm, device_id=0,
+                                       choice=kconfig.Choice(config, 4, split, "forced", "test")))
+                torch.cuda.synchronize()
+                outs.append(d)
+            assert _rel(outs[0], ref) < 1e-2, (config, (m, n, k), sm, split, plan)
+            assert torch.equal(outs[0], outs[1]), (config, (m, n, k), sm, split, plan)
+
+
 def test_split_k_workspace_shared_by_shapes():
     """One instance's workspace serves split launches of different shapes: a smaller split after a larger one
     finds its locks at zero (they once lay after the partials, where an earlier shape's fp32 partials were, and
@@ -91,7 +122,7 @@ def test_split_k_workspace_shared_by_shapes():
     from flux_shmem.kernels import gemm as kg
     from flux_shmem.kernels.config import Choice
     g = kg.CutlassGemm("gemm_rs", torch.bfloat16, "nk", "128x256_c2x1")  # its own workspace, fresh
-    for m, split in ((8192, 2), (1024, 3), (8192, 2), (1024, 3)):  # 56 then 40 split CTA tiles on 132 SMs
+    for m, split in ((8192, 2), (1024, 3), (8192, 2), (1024, 3)):  # 132 then 120 reduction slots on 132 SMs
         n, k = 1280, 8192
         a, b, _ = _operands(m, n, k, "nk", torch.bfloat16, seed=m + split)
         d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -14,10 +14,12 @@ Three sources, in this order:
 
 The model. A configuration runs T cluster tiles on P persistent clusters (CUTLASS's occupancy rule on `sm_count`);
 each cluster tile costs k-tiles x (tile FLOPs / a nominal per-SM rate / the configuration's efficiency) plus its
-epilogue. Whole waves cost ceil(T / P) tile times. With a K split S > 1 (cooperative kernels only), the tiles of the
-last, partial wave run as S units of 1/S of K each, plus a serial reduction of S fp32 partial tiles: worth it when
-that wave is mostly empty (the N = 1280 shard of Llama-3 70B QKV at TP 8: 8192 x 1280 x 8192 is 2.4 waves of
-128 x 256 tiles on 132 SMs). The model ranks candidates; it does not predict absolute times well (estimate_us is a
+epilogue. Whole waves cost ceil(T / P) tile times. With a split S > 1 (cooperative kernels only) the last partial
+wave and the whole wave before it run as stream-K (`tail_plan`, the kernel's fs::plan_tail): their K-tiles are cut
+evenly into U = min(P, tail tiles x S) ranges, one per cluster, and a tile cut into pieces adds them up in a serial
+reduction of fp32 partial tiles: worth it when the last wave is far from full (the N = 1280 shard of Llama-3 70B
+QKV at TP 8: 8192 x 1280 x 8192 is 2.42 waves of 128 x 256 tiles on 132 SMs; stream-K runs it in 2.42 tile times,
+not 3). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The model ranks candidates; it does not predict absolute times well (estimate_us is a
 rough figure). A candidate replaces the default (128x256 cooperative, swizzle 8, no split) only when the model
 expects it to be faster by more than MARGIN, since the default is the measured one.
 
@@ -91,14 +93,26 @@ class Estimate:
     tiles: int           # cluster tiles
     clusters: int        # persistent clusters
     waves: float         # tiles / clusters
-    tail_tiles: int      # tiles of the last, partial wave (split when split > 1)
+    tail_tiles: int      # tiles of the stream-K tail (0 when split == 1)
+    tail_units: int = 0  # the tail's ranges (clusters sharing its K-tiles)
     swizzle_note: str = ""
 
     def summary(self) -> str:
         s = f"{self.tiles} {self.config.tile_m}x{self.config.tile_n} cluster tiles = {self.waves:.2f} waves"
-        if self.split > 1:
-            s += f", last {self.tail_tiles} split {self.split}-way"
+        if self.tail_units:
+            s += f", last {self.tail_tiles} as stream-K over {self.tail_units} clusters"
         return s + f", model {self.us:.0f} us"
+
+
+def tail_plan(tiles: int, clusters: int, split: int, k_tiles: int) -> Tuple[int, int]:
+    """(dp_tiles, tail_units): the kernel's fs::plan_tail (csrc/include/flux_shmem/gemm_schedule.cuh). Whole tiles
+    for all waves but the last whole one; the rest's K-tiles in tail_units even ranges (0: no tail)."""
+    if split <= 1 or tiles % clusters == 0:
+        return tiles, 0
+    waves = tiles // clusters
+    dp = (waves - 1) * clusters if waves >= 1 else 0
+    tail = tiles - dp
+    return dp, min(clusters, tail * split, tail * k_tiles)
 
 
 def dtype_name(dtype) -> str:
@@ -191,30 +205,32 @@ def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: in
     out_bytes = cfg.tile_m * cfg.tile_n * elem_bytes
     epi_us = (EPILOGUE_US + out_bytes / (STORE_GBPS * 1e3)) if not cfg.pingpong else 0.1 * EPILOGUE_US
     tile_us = k_tiles * step_us + epi_us
-    if split == 1:
-        us, tail = math.ceil(tiles / clusters) * tile_us, tiles % clusters
+    dp, units = tail_plan(tiles, clusters, split, k_tiles)
+    if units == 0:
+        us, tail = math.ceil(tiles / clusters) * tile_us, 0
     else:
-        whole = tiles // clusters * clusters
-        tail = tiles - whole
-        reduce_us = split * (REDUCE_STEP_US + cfg.tile_m * cfg.tile_n * 4 / (REDUCE_GBPS * 1e3))
-        unit_us = math.ceil(k_tiles / split) * step_us + epi_us + reduce_us
-        us = whole // clusters * tile_us + math.ceil(tail * split / clusters) * unit_us
+        tail = tiles - dp
+        pieces = -(-units // tail) + (0 if units % tail == 0 else 1)  # most pieces of one tile
+        reduce_us = pieces * (REDUCE_STEP_US + cfg.tile_m * cfg.tile_n * 4 / (REDUCE_GBPS * 1e3))
+        us = (dp // clusters * tile_us + math.ceil(tail * k_tiles / units) * step_us + math.ceil(tail / units) * epi_us
+              + reduce_us)
     swizzle, note = swizzle_for(cfg, m, group_rows, n)
-    return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, note)
+    return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, units, note)
 
 
 def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> List[int]:
-    """K splits worth modelling: 1, and when the last wave is partial, the splits that fill it (up to the kernel's
-    bound and the K-tiles)."""
+    """Splits worth modelling: 1, and when the last wave is partial, the splits that make other stream-K plans
+    (above one wave every split > 1 is the same plan; below, the pieces per tile up to filling every cluster)."""
     if cfg.max_splits == 1:
         return [1]
     cm, cn = cluster_tiles(cfg, m, n)
     tiles, clusters = cm * cn, persistent_clusters(cfg, sm_count)
-    tail = tiles % clusters
-    if tail == 0:
+    if tiles % clusters == 0:
         return [1]
+    if tiles > clusters:
+        return [1, 2]
     k_tiles = -(-k // registry.TILE_K)
-    top = min(cfg.max_splits, k_tiles, max(1, clusters // tail))
+    top = min(cfg.max_splits, k_tiles, -(-clusters // tiles))
     return list(range(1, top + 1))
 
 

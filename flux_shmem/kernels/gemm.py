@@ -17,8 +17,9 @@ Kernels: `fs_<family>_<dt>_<bl>` with dt in {bf16, fp16} and bl in {kn, nk}: A [
 row-major ("kn") or [N, K] row-major ("nk"), D [M, N] row-major, fp32 accumulation, D = A @ B + bias[N].
 Tiles are the configuration's `tile_shape` with clusters of `cluster_shape` CTAs; M-tiles are visited in the order
 of `m_tile_order` (the CTAs of a cluster take consecutive entries at the same N-tile), all N-tiles of a group of
-`swizzle * cluster_m` consecutive entries before the next group. `splits` > 1 splits K for the tiles of the last,
-partial wave (cooperative configurations), reduced in a workspace the kernel leaves zeroed.
+`swizzle * cluster_m` consecutive entries before the next group. `splits` > 1 runs the last partial wave and the
+whole wave before it as stream-K (cooperative configurations; an even share of their K-tiles per cluster, config.py
+`tail_plan`), pieces of a tile reduced in a workspace the kernel leaves zeroed.
 """
 from __future__ import annotations
 

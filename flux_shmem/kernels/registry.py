@@ -20,6 +20,10 @@ from ..errors import FluxShmemError
 SCHEDULES = ("cooperative", "pingpong")
 TILE_K = 64
 MAX_SPLITS = 16  # the cooperative kernels' bound (OrderedTileScheduler::kMaxSplits)
+# What a split means to the scheduler (csrc/include/flux_shmem/gemm_schedule.cuh); part of the fingerprint, so tuned
+# choices measured under another meaning are stale. v1: equal K splits of the last wave's tiles; v2: stream-K over
+# the last two waves.
+SPLIT_SCHEDULE = "stream-k-2wave-v2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +108,7 @@ def names() -> Tuple[str, ...]:
 
 
 def fingerprint() -> str:
-    """A short hash of every entry: a tuning cache made with other entries (or meanings of names) is stale."""
-    text = ";".join(f"{c.name}={','.join(c.defines)}" for c in CONFIGS.values())
+    """A short hash of every entry and of SPLIT_SCHEDULE: a tuning cache made with other entries (or meanings of
+    names or splits) is stale."""
+    text = ";".join(f"{c.name}={','.join(c.defines)}" for c in CONFIGS.values()) + f";split={SPLIT_SCHEDULE}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]

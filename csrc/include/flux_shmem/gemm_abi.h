@@ -52,7 +52,8 @@ typedef struct FsAgGemmArgs {
   int32_t pad_;
   FsCtx ctx;
   /* added for split-K (issue 11); new fields go at the end */
-  int32_t splits;                /* K splits per output tile (0 = 1); > 1 needs the workspace */
+  int32_t splits;                /* 0 or 1: whole tiles; S > 1: the last two waves as stream-K, about S pieces per
+                                    tile at most (gemm_schedule.cuh); needs the workspace */
   int32_t pad1_;
   void* workspace;               /* zeroed once when allocated (the kernel resets its locks), or NULL */
   uint64_t workspace_bytes;      /* size of workspace (fs_<family>_<dt>_<bl>_workspace_size) */

@@ -77,15 +77,15 @@ struct OrderedPersistentScheduler {};
 
 // A persistent tile scheduler (CUTLASS's PersistentTileSchedulerSm90 extended) that
 //   * numbers work units as fs::unit_at (gemm_schedule.cuh): raster along N, swizzle groups of `max_swizzle_size`
-//     clusters along M, no padding tiles beyond whole clusters, the K splits of a tile consecutive;
+//     clusters along M, no padding tiles beyond whole clusters;
 //   * maps the M index of every work tile through m_tile_order (a permutation of [0, tiles_m); null = identity).
 //     The CTAs of a cluster of C CTAs along M take order[C*i .. C*i+C-1] at the same N-tile; when tiles_m is not a
 //     multiple of C the padding M-tiles (index >= tiles_m) are not mapped and fall outside the problem (CUTLASS
 //     predicates them away, the epilogue raises no counter for them);
-//   * with kSplitK and splits > 1, splits K for the tiles of the last, partial wave (all tiles when there are fewer
-//     than one wave; fs::unit_at), reduces the splits of a tile in a workspace (fp32 partials + one lock per tile
-//     and consumer warpgroup) in split order (deterministic), and lets only the last split run the epilogue. The
-//     last split resets its lock to 0, so the workspace needs zeroing once, when allocated, not per launch
+//   * with kSplitK and splits > 1, runs the last partial wave and the whole wave before it as stream-K (an even
+//     share of their K-tiles per cluster; fs::plan_tail, fs::unit_at), reduces the pieces of a split tile in a
+//     workspace (fp32 partials + one lock per split tile and consumer warpgroup) in reduction order
+//     (deterministic), and lets only the last piece run the epilogue. The last piece resets its lock to 0, so the workspace needs zeroing once, when allocated, not per launch
 //     (launches of one stream do not overlap; CUDA-graph replays stay correct). The locks live in a region of
 //     fixed size at the start of the workspace that partials never touch: a workspace shared by launches of
 //     other shapes then still holds zero locks (with the locks placed after the shape's partials, a later shape's
@@ -162,12 +162,13 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     g.group = swizzle < 1 ? 1 : (swizzle > g.clusters_m ? g.clusters_m : swizzle);
     g.k_tiles = fs::tiles_along(k, kTileK);
     g.splits = splits < 1 ? 1 : splits;
-    g.dp_tiles = fs::dp_tiles_for(g, persistent_clusters(hw_info));
+    fs::plan_tail(&g, persistent_clusters(hw_info));
     return g;
   }
 
+  // Reduction slots: one per tail range (a split tile's slot is the range of its last piece), per CTA of a cluster.
   static size_t split_cta_tiles(fs::UnitGrid const& g) {
-    return size_t(fs::cluster_tiles(g) - g.dp_tiles) * kClusterM * kClusterN;
+    return size_t(g.tail_units) * kClusterM * kClusterN;
   }
 
   static size_t reduction_bytes(fs::UnitGrid const& g) {
@@ -243,8 +244,9 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
                                              RasterOrderOptions::AlongN, /*truncate_by_problem_size=*/false);
     // AlongN: grid = (kClusterM, clusters * kClusterN, 1). CUTLASS sizes y as CTAs / kClusterM, which for a
     // cluster along N (1x2) and an odd SM count is not a whole number of clusters: the launch then failed with
-    // CUDA_ERROR_INVALID_CLUSTER_SIZE (seen 2026-12-04, 256x128_c1x2 on 17 SMs). Whole clusters only.
-    const int64_t max_y = params.units * kClusterN;
+    // CUDA_ERROR_INVALID_CLUSTER_SIZE (seen 2026-12-04, 256x128_c1x2 on 17 SMs). Whole clusters only, and exactly
+    // the unit grid's stride: the tail's items are numbered by it.
+    const int64_t max_y = static_cast<int64_t>(params.grid.stride) * kClusterN;
     if (static_cast<int64_t>(grid.y) > max_y) grid.y = static_cast<uint32_t>(max_y);
     grid.y = grid.y / kClusterN * kClusterN;
     if (grid.y < static_cast<uint32_t>(kClusterN)) grid.y = kClusterN;
@@ -302,14 +304,15 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   CUTLASS_HOST_DEVICE static bool valid_warpgroup_in_work_tile(WorkTileInfo const&) { return true; }
   CUTLASS_HOST_DEVICE static bool requires_separate_reduction(Params const&) { return false; }
 
-  // Only the last split of a tile stores it (and signals it, for GEMM+ReduceScatter).
+  // Only the last piece of a tile (the one with K-tile 0) stores it (and signals it, for GEMM+ReduceScatter).
   CUTLASS_HOST_DEVICE static bool compute_epilogue(WorkTileInfo const& w, Params const&) {
     return w.split == w.splits - 1;
   }
 
-  // Split-K reduction of one consumer warpgroup's accumulators (barrier_idx = its index among num_barriers):
-  // split 0 stores its partial, split s waits for lock == s, adds its own and counts itself; the last split waits
-  // for lock == splits - 1, adds the sum to its accumulators (then runs the epilogue) and resets the lock.
+  // Split-K reduction of one consumer warpgroup's accumulators (barrier_idx = its index among num_barriers), in
+  // the pieces' reduction order (w.split): piece 0 stores its partial, piece s waits for lock == s, adds its own
+  // and counts itself; the last piece waits for lock == splits - 1, adds the sum to its accumulators (then runs
+  // the epilogue) and resets the lock.
   template <class FrgTensorC>
   CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& w, FrgTensorC& accumulators,
                                    uint32_t num_barriers, uint32_t barrier_idx) {
@@ -377,6 +380,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   CUTLASS_DEVICE WorkTileInfo work_at(int64_t cluster) const {
     if (cluster >= units_) return WorkTileInfo::invalid_work_tile();
     const fs::Unit u = fs::unit_at(grid_, cluster);
+    if (!u.valid) return WorkTileInfo::invalid_work_tile();
     WorkTileInfo w;
     w.M_idx = u.cm * kClusterM + cta_m_;
     w.N_idx = u.cn * kClusterN + cta_n_;
@@ -942,7 +946,8 @@ int finish_params(const char* kname, typename Kernel::Arguments const& args, voi
 
 // Fills the mainloop/epilogue operand fields common to both families. `swizzle` (1, 2, 4, 8; checked by
 // check_problem): the scheduler walks groups of swizzle clusters of M-tiles across N; `splits` (0 means 1; checked
-// by finish_params): K splits per output tile. The policy for both is the caller's (flux_shmem/kernels/config.py).
+// by finish_params): > 1 runs the last two waves as stream-K, in at most about `splits` pieces per tile
+// (fs::plan_tail). The policy for both is the caller's (flux_shmem/kernels/config.py).
 template <class Cfg, class Args>
 void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                    const void* bias, int32_t sm_count, int32_t device_id, const int32_t* m_tile_order,

@@ -8,11 +8,20 @@
 // own scheduler rounds both the M and the N cluster counts up to a multiple of the swizzle and computes the padding
 // tiles in full: 14 N-tiles at swizzle 8 ran 16, 1.14x the work.)
 //
-// Split-K of the tail: with P persistent clusters, the first dp_tiles = floor(T / P) * P cluster tiles of the raster
-// (whole waves) run unsplit, one unit each; each remaining tile (the last, partial wave) runs as `splits`
-// consecutive units over consecutive K ranges, so that its units run in the same wave and each split-K reduction
-// waits only on peers that are running. With T < P every tile is split; with splits = 1 nothing is.
-// Persistent cluster c processes units c, c + P, c + 2P, ...
+// The tail (stream-K): with P persistent clusters, T cluster tiles and splits S > 1, the first dp_tiles tiles of the
+// raster run whole, one unit each, in whole waves: all waves but the last whole one (dp_tiles = (floor(T/P) - 1) * P,
+// 0 with fewer than two waves). The remaining tail tiles (the last partial wave and the whole wave before it, or all
+// tiles with fewer than one wave) are one stream of tail_tiles x k_tiles K-tiles, cut evenly into
+// U = min(P, tail_tiles * S, tail_tiles * k_tiles) ranges, one per cluster: cluster c computes K-tiles
+// [floor(c W / U), floor((c+1) W / U)) of the stream, W = tail_tiles * k_tiles, as one unit per tile its range
+// touches (its "items", in stream order). A tile touched by several ranges is a split tile: its pieces add up
+// in a workspace slot in reduction order, the piece with the highest K first and the piece with K-tile 0 last
+// (that one runs the epilogue). Why that order: the pieces of a tile after the one with K-tile 0 lie in later
+// ranges that start inside the tile, so they are those clusters' first items; every wait is then for first items
+// of later clusters, never for a cluster's later work: no chain across tiles, no deadlock when all clusters are
+// resident (the launch checks occupancy). With T % P == 0 nothing is split. When U divides into tail_tiles evenly, every
+// tail tile runs as U / tail_tiles equal splits (the old split-K of the tail). Cluster c processes units c, c + C,
+// c + 2C, ... with C = stride: P with whole tiles before the tail, else U (the grid has exactly C clusters).
 #pragma once
 
 #include <stdint.h>
@@ -29,34 +38,55 @@ struct UnitGrid {
   int32_t clusters_m = 1;  // cluster tiles along M (ceil(tiles_m / cluster_m))
   int32_t clusters_n = 1;  // cluster tiles along N
   int32_t group = 1;       // swizzle: clusters along M per group, 1 <= group <= clusters_m
-  int32_t splits = 1;      // K splits of each tile after the first dp_tiles, 1 <= splits <= k_tiles
+  int32_t splits = 1;      // S: at most S ranges per tail tile on average (1: no tail, every tile whole)
   int32_t k_tiles = 1;     // K-tiles of one output tile
   int32_t dp_tiles = 0;    // cluster tiles (a prefix of the raster) computed whole
+  int32_t tail_units = 0;  // U: ranges the tail is cut into (0: no tail)
+  int32_t stride = 1;      // C: persistent clusters of the launch
 };
 
 struct Unit {
   int32_t cm;       // cluster index along M
   int32_t cn;       // cluster index along N
-  int32_t split;    // 0 .. splits-1
-  int32_t splits;   // 1 for a whole tile
+  int32_t split;    // reduction order of this piece among its tile's pieces, 0 .. splits-1 (0: whole tile)
+  int32_t splits;   // pieces of this tile (1 for a whole tile)
   int32_t k_start;  // first K-tile of this unit
-  int32_t k_count;  // K-tiles of this unit (>= 1 when splits <= k_tiles)
-  int32_t slot;     // index of the tile among the split ones (its reduction workspace slot), -1 when whole
+  int32_t k_count;  // K-tiles of this unit (>= 1)
+  int32_t slot;     // reduction workspace slot of a split tile (the index of its last piece's range), else -1
+  bool valid;       // false past a cluster's last item
 };
 
 FS_GS_HD int64_t cluster_tiles(const UnitGrid& g) { return static_cast<int64_t>(g.clusters_m) * g.clusters_n; }
 
-// First tile of the tail: whole waves of `clusters` persistent clusters run unsplit (all tiles when splits == 1).
-FS_GS_HD int32_t dp_tiles_for(const UnitGrid& g, int64_t clusters) {
-  const int64_t t = cluster_tiles(g);
-  if (g.splits <= 1 || clusters <= 0) return static_cast<int32_t>(t);
-  return static_cast<int32_t>(t / clusters * clusters);
+// dp_tiles, tail_units and stride of g (its other fields set) on `clusters` persistent clusters.
+FS_GS_HD void plan_tail(UnitGrid* g, int64_t clusters) {
+  const int64_t t = cluster_tiles(*g);
+  if (clusters < 1) clusters = 1;
+  g->tail_units = 0;
+  if (g->splits <= 1 || t % clusters == 0) {  // whole tiles, whole waves
+    g->dp_tiles = static_cast<int32_t>(t);
+    g->stride = static_cast<int32_t>(t < clusters ? (t < 1 ? 1 : t) : clusters);
+    return;
+  }
+  const int64_t waves = t / clusters;
+  g->dp_tiles = static_cast<int32_t>(waves >= 1 ? (waves - 1) * clusters : 0);
+  const int64_t tail = t - g->dp_tiles;
+  int64_t u = clusters;
+  if (tail * g->splits < u) u = tail * g->splits;
+  if (tail * g->k_tiles < u) u = tail * g->k_tiles;
+  g->tail_units = static_cast<int32_t>(u);
+  g->stride = static_cast<int32_t>(g->dp_tiles > 0 ? clusters : u);
 }
 
+// Work units to walk: the whole tiles, then per cluster as many items as the longest range can touch (units past a
+// cluster's last item are invalid; a cluster stops at its first invalid unit).
 FS_GS_HD int64_t unit_count(const UnitGrid& g) {
-  return g.dp_tiles + (cluster_tiles(g) - g.dp_tiles) * g.splits;
+  if (g.tail_units <= 0) return g.dp_tiles;
+  const int64_t w = (cluster_tiles(g) - g.dp_tiles) * g.k_tiles;
+  const int64_t longest = (w + g.tail_units - 1) / g.tail_units;
+  const int64_t items = (longest + g.k_tiles - 2) / g.k_tiles + 1;  // a range of L K-tiles touches <= this many tiles
+  return g.dp_tiles + items * g.stride;
 }
-
 // Cluster tile t (raster order) -> its cluster coordinates.
 FS_GS_HD void cluster_of(const UnitGrid& g, int64_t t, int32_t* cm, int32_t* cn) {
   const int64_t span = static_cast<int64_t>(g.group) * g.clusters_n;  // cluster tiles of one full group
@@ -73,26 +103,39 @@ FS_GS_HD void cluster_of(const UnitGrid& g, int64_t t, int32_t* cm, int32_t* cn)
   *cn = static_cast<int32_t>(rem / width);
 }
 
-// Unit u, 0 <= u < unit_count(g).
-FS_GS_HD Unit unit_at(const UnitGrid& g, int64_t u) {
+// Range c of the tail starts at stream K-tile floor(c W / U); the range holding stream K-tile x.
+FS_GS_HD int64_t range_start(int64_t c, int64_t w, int64_t u) { return c * w / u; }
+FS_GS_HD int64_t range_of(int64_t x, int64_t w, int64_t u) { return ((x + 1) * u - 1) / w; }
+
+// Unit id, 0 <= id < unit_count(g).
+FS_GS_HD Unit unit_at(const UnitGrid& g, int64_t id) {
   Unit r;
+  r.valid = true;
   int64_t t;
-  if (u < g.dp_tiles) {
-    t = u;
+  if (id < g.dp_tiles) {
+    t = id;
     r.split = 0;
     r.splits = 1;
     r.k_start = 0;
     r.k_count = g.k_tiles;
     r.slot = -1;
   } else {
-    const int64_t v = u - g.dp_tiles;
-    const int64_t s = v / g.splits;
-    t = g.dp_tiles + s;
-    r.split = static_cast<int32_t>(v - s * g.splits);
-    r.splits = g.splits;
-    r.k_start = static_cast<int32_t>(static_cast<int64_t>(r.split) * g.k_tiles / g.splits);
-    r.k_count = static_cast<int32_t>(static_cast<int64_t>(r.split + 1) * g.k_tiles / g.splits) - r.k_start;
-    r.slot = g.splits > 1 ? static_cast<int32_t>(s) : -1;
+    const int64_t v = id - g.dp_tiles, item = v / g.stride, c = v - item * g.stride;
+    const int64_t u = g.tail_units, kt = g.k_tiles, w = (cluster_tiles(g) - g.dp_tiles) * kt;
+    const int64_t a = u > 0 ? range_start(c, w, u) : 0, b = u > 0 ? range_start(c + 1, w, u) : 0;
+    const int64_t tile = a / kt + item, ts = tile * kt;  // the tail tile of this item and its first stream K-tile
+    if (u <= 0 || c >= u || ts >= b) {
+      r = Unit{0, 0, 0, 1, 0, 0, -1, false};
+      return r;
+    }
+    const int64_t lo = range_of(ts, w, u), hi = range_of(ts + kt - 1, w, u);
+    const int64_t k0 = a > ts ? a : ts, k1 = b < ts + kt ? b : ts + kt;
+    t = g.dp_tiles + tile;
+    r.split = static_cast<int32_t>(hi - c);
+    r.splits = static_cast<int32_t>(hi - lo + 1);
+    r.k_start = static_cast<int32_t>(k0 - ts);
+    r.k_count = static_cast<int32_t>(k1 - k0);
+    r.slot = r.splits > 1 ? static_cast<int32_t>(lo) : -1;
   }
   cluster_of(g, t, &r.cm, &r.cn);
   return r;
