@@ -103,6 +103,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
       static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
   using ReduceBarrier = cutlass::NamedBarrierManager<cutlass::NumThreadsPerWarpGroup, kReduceBarrier0, 2>;
   using Lock = typename ReduceBarrier::T;
+  static_assert(sizeof(Lock) == 4, "split-K locks are 32-bit words (wait_lock loads them so)");
 
  public:
   static constexpr int kMaxSplits = kSplitK ? 16 : 1;
@@ -349,28 +350,15 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   }
 
   // CUTLASS's wait_eq with the runtime timeout: thread 0 of the warpgroup waits until the lock reaches val (locks
-  // only count up between launches, so >= is ==), then the warpgroup syncs on its named barrier. A split whose
-  // predecessor never arrives reports its PE and lock instead of hanging (seen 2026-12-04 without it: a silent
-  // hang, stale partials read as locks). A context without a timeout (plain kernels.gemm) waits as CUTLASS does.
+  // only count up between launches, so >= is ==; fs::spin_wait_ge), then the warpgroup syncs on its named barrier.
+  // A piece whose predecessor never arrives reports its PE and lock instead of hanging (seen 2026-12-04 without
+  // it: a silent hang, stale partials read as locks). A context without a timeout (plain kernels.gemm) waits as
+  // CUTLASS does. (On a timeout the op raises on its next error check.)
   CUTLASS_DEVICE static void wait_lock(Params const& params, uint32_t barrier_idx, int tid, int lock, int val) {
     if (tid == 0) {
-      const int* p = reinterpret_cast<const int*>(params.locks) + lock;
+      const int32_t* p = reinterpret_cast<const int32_t*>(params.locks) + lock;
       const fs::Ctx ctx = params.ctx;  // a local copy for the out-of-line report
-      uint64_t start = 0;
-      for (uint32_t spin = 0;; ++spin) {
-        int v;
-        asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-        if (v >= val) break;
-        if (ctx.timeout_ns == 0 || (spin & 1023u) != 0u) continue;
-        const uint64_t now = fs::global_timer_ns();
-        if (start == 0) start = now;
-        if (now - start > ctx.timeout_ns) {
-          fs::report_timeout(ctx, reinterpret_cast<const uint64_t*>(p), uint64_t(val), uint64_t(v),
-                             fs::kSiteSplitK, lock);
-          break;  // (the op raises on its next error check)
-        }
-        if (fs::error_raised(ctx)) break;
-      }
+      fs::spin_wait_ge(ctx, [p] { return fs::ld_acquire_gpu_s32(p); }, int32_t(val), p, fs::kSiteSplitK, lock);
     }
     cutlass::arch::NamedBarrier::sync(ReduceBarrier::ThreadCount,
                                       static_cast<cutlass::arch::ReservedNamedBarriers>(kReduceBarrier0 + barrier_idx));

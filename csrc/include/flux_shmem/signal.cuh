@@ -133,23 +133,38 @@ __device__ __forceinline__ bool error_raised(const Ctx& ctx) {
   return ctx.err != nullptr && *reinterpret_cast<volatile unsigned long long*>(&ctx.err->claim) != 0ull;
 }
 
-// Spin until *sig >= expected (acquire, system scope: writers may be other GPUs or NICs).
-// Returns false on timeout (only when ctx.trap_on_timeout == 0) or when an error was already raised.
-__device__ __forceinline__ bool wait_ge(const Ctx& ctx, const uint64_t* sig, uint64_t expected, int site, int index) {
-  uint64_t v = ld_acquire_sys(sig);
+// Spin until load() >= expected, where load() is an acquire load of a signal word (any width, scope or
+// signedness: T). Every 1024 polls the clock is checked: past ctx.timeout_ns the wait is reported (report_timeout,
+// `addr` and `index` name the word) and fails, and it fails early once another thread has recorded an error.
+// ctx.timeout_ns == 0 waits without a timeout (plain GEMMs outside a runtime, as CUTLASS's own waits do).
+template <class T, class Load>
+__device__ __forceinline__ bool spin_wait_ge(const Ctx& ctx, Load load, T expected, const void* addr, int site,
+                                             int index) {
+  T v = load();
   if (v >= expected) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t spin = 1;; ++spin) {
-    v = ld_acquire_sys(sig);
+    v = load();
     if (v >= expected) return true;
-    if ((spin & 1023u) == 0u) {
-      if (global_timer_ns() - start > ctx.timeout_ns) {
-        report_timeout(ctx, sig, expected, v, site, index);
-        return false;
-      }
-      if (error_raised(ctx)) return false;
+    if ((spin & 1023u) != 0u || ctx.timeout_ns == 0) continue;
+    if (global_timer_ns() - start > ctx.timeout_ns) {
+      report_timeout(ctx, static_cast<const uint64_t*>(addr), uint64_t(expected), uint64_t(v), site, index);
+      return false;
     }
+    if (error_raised(ctx)) return false;
   }
+}
+
+// Spin until *sig >= expected (acquire, system scope: writers may be other GPUs or NICs).
+// Returns false on timeout (only when ctx.trap_on_timeout == 0) or when an error was already raised.
+__device__ __forceinline__ bool wait_ge(const Ctx& ctx, const uint64_t* sig, uint64_t expected, int site, int index) {
+  return spin_wait_ge(ctx, [sig] { return ld_acquire_sys(sig); }, expected, sig, site, index);
+}
+
+__device__ __forceinline__ int32_t ld_acquire_gpu_s32(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 }  // namespace fs
