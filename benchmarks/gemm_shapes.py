@@ -19,7 +19,8 @@ The last lines, one per family and layout, are
     tp-shard <family> <layout>: geomean G, min M at <shape> (tuned)
     fused-mainloop ag_gemm <layout> sm<S>: min R at <shape>, geomean G (gemm_only ms / fused ms)
 
-with G and M the cuBLAS ms / ours ms ratios (higher is better). --budget-s stops starting new shapes in time for
+with G and M the cuBLAS ms / ours ms ratios (higher is better). FLUX_SHMEM_GEMM_PDL=1 launches our plain GEMMs with
+programmatic dependent launch (recorded in the JSONL config record): compare a run with and one without. --budget-s stops starting new shapes in time for
 the fused phase (a header line says how many shapes ran). Exit codes: 0 ok, 1 an output check failed, 2 bad
 arguments, 3 no GPU.
 """
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
 
     emit({"type": "config", "device": torch.cuda.get_device_name(dev), "sm_count": sms, "cuda": torch.version.cuda,
           "torch": torch.__version__, "suite": args.suite if not args.shapes else "custom", "cache": str(cache_path),
-          "rounds": args.rounds})
+          "rounds": args.rounds, "pdl": os.environ.get("FLUX_SHMEM_GEMM_PDL", "") == "1"})
     rows, bad, done = [], 0, 0
     total = len(shapes) * len(layouts)
     for s in shapes:

@@ -342,3 +342,24 @@ def test_pingpong_config_builds(pingpong_lib):
     proc = subprocess.run([tool, "-sass", str(art.cubin)], capture_output=True, text=True, env=_tool_env(tool))
     if proc.returncode == 0:
         assert "HGMMA.64x128x16.F32" in proc.stdout
+
+
+def test_pdl_only_for_plain_gemms_when_asked(monkeypatch):
+    """FLUX_SHMEM_GEMM_PDL=1 gives plain GEMM launches (no chunk waits, no counters) the programmatic-stream-
+    serialization attribute; fused GEMMs never get it, nothing does without the variable."""
+    pytest.importorskip("cuda.bindings")
+    from flux_shmem.kernels import module as km
+    plain_ag, plain_rs = kg.FsAgGemmArgs(m=8, n=8, k=8), kg.FsGemmRsArgs(m=8, n=8, k=8)
+    fused_ag, fused_rs = kg.FsAgGemmArgs(m=8, n=8, k=8, wait=1), kg.FsGemmRsArgs(m=8, n=8, k=8, rows_ready=0x1000)
+    monkeypatch.delenv(kg.ENV_PDL, raising=False)
+    assert not any(kg.uses_pdl(a) for a in (plain_ag, plain_rs, fused_ag, fused_rs))
+    monkeypatch.setenv(kg.ENV_PDL, "1")
+    assert [kg.uses_pdl(a) for a in (plain_ag, plain_rs, fused_ag, fused_rs)] == [True, True, False, False]
+    k = object.__new__(km.Kernel)
+    k._configs = {}
+    d = km._driver()
+    ids = lambda cfg: [a.id for a in cfg.attrs]  # noqa: E731
+    pdl_id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    with_pdl = k._config((1, 1, 1), (128, 1, 1), 0, 0, (2, 1, 1), None, True)
+    without = k._config((1, 1, 1), (128, 1, 1), 0, 0, (2, 1, 1), None, False)
+    assert pdl_id in ids(with_pdl) and pdl_id not in ids(without) and with_pdl.numAttrs == 2

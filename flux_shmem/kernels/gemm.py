@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import os
 from typing import Optional, Union
 
 from ..errors import BuildError, FluxShmemError
@@ -70,6 +71,18 @@ PARAMS_ERRORS = {1: "invalid argument", 2: "misaligned operand", 3: "parameter b
                  4: "CUTLASS cannot implement", 5: "workspace needed", 6: "TMA descriptor"}
 
 SWIZZLES = kconfig.SWIZZLES
+ENV_PDL = "FLUX_SHMEM_GEMM_PDL"
+
+
+def uses_pdl(args: "GemmArgs") -> bool:
+    """Whether a launch of `args` gets programmatic dependent launch: only with FLUX_SHMEM_GEMM_PDL=1 (an
+    experiment until measured) and only for plain GEMMs (no chunk waits, no counters): a fused GEMM's early start
+    would hold SMs its comm kernel may need."""
+    if os.environ.get(ENV_PDL, "") != "1":
+        return False
+    if isinstance(args, FsAgGemmArgs):
+        return not args.wait
+    return not args.rows_ready
 
 
 def kernel_name(family: str, dtype_name: str, b_layout: str) -> str:
@@ -309,7 +322,7 @@ class CutlassGemm:
             args, _ws = self.with_workspace(args)
             blob, geo = self.host.params(args)
         self.kernel.launch(blob, tuple(geo.grid), tuple(geo.block), smem=int(geo.smem_bytes), stream=stream,
-                           cluster=tuple(geo.cluster), started=started)
+                           cluster=tuple(geo.cluster), started=started, pdl=uses_pdl(args))
         return geo
 
     def prepare(self, args: GemmArgs):
@@ -318,10 +331,10 @@ class CutlassGemm:
         args, ws = self.with_workspace(args)
         blob, geo = self.host.params(args)
         grid, block, cluster, smem = tuple(geo.grid), tuple(geo.block), tuple(geo.cluster), int(geo.smem_bytes)
-        kernel = self.kernel
+        kernel, pdl = self.kernel, uses_pdl(args)
 
         def run(stream=None, _keep=ws) -> None:
-            kernel.launch(blob, grid, block, smem=smem, stream=stream, cluster=cluster)
+            kernel.launch(blob, grid, block, smem=smem, stream=stream, cluster=cluster, pdl=pdl)
         run.geometry = geo  # type: ignore[attr-defined]
         return run
 

@@ -156,10 +156,10 @@ class Kernel:
         return int(n) if n else None
 
     def _config(self, grid: tuple, block: tuple, smem: int, stream: int, cluster: tuple | None,
-                started: "StartEvent | None") -> object:
+                started: "StartEvent | None", pdl: bool = False) -> object:
         """The CUlaunchConfig of one launch geometry on one stream (made once: building it through the bindings on
         every launch was a measurable part of a call's host time)."""
-        key = (grid, block, smem, stream, cluster, id(started) if started is not None else None)
+        key = (grid, block, smem, stream, cluster, id(started) if started is not None else None, pdl)
         cfg = self._configs.get(key)
         if cfg is not None:
             return cfg[0]
@@ -181,6 +181,11 @@ class Kernel:
             a.value.launchCompletionEvent.event = started.handle
             a.value.launchCompletionEvent.flags = 0
             attrs.append(a)
+        if pdl:
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
         if len(self._configs) >= 256:  # streams come and go: keep the table bounded
@@ -189,9 +194,12 @@ class Kernel:
         return cfg
 
     def launch(self, args: ArgBlock, grid: Sequence[int] | int, block: Sequence[int] | int, *, smem: int = 0,
-               stream=None, cluster: Sequence[int] | None = None, started: "StartEvent | None" = None) -> None:
+               stream=None, cluster: Sequence[int] | None = None, started: "StartEvent | None" = None,
+               pdl: bool = False) -> None:
         """Launch on `stream` (default: torch's current stream) with `args` as the kernel's single parameter.
-        `started`: a StartEvent that fires once all blocks of this launch are running."""
+        `started`: a StartEvent that fires once all blocks of this launch are running. `pdl`: programmatic
+        dependent launch (the kernel may start before the previous kernel on the stream ends; it must wait with
+        griddepcontrol.wait before reading what that kernel wrote, as CUTLASS's GEMMs here do)."""
         import torch
         blob = bytes(args)
         if self.param_size is not None and len(blob) != self.param_size:
@@ -206,7 +214,7 @@ class Kernel:
         buf = ctypes.create_string_buffer(blob, len(blob))
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
         cfg = self._config(grid, block, smem, stream.cuda_stream, tuple(cluster) if cluster is not None else None,
-                           started)
+                           started, pdl)
         _check(driver.cuLaunchKernelEx(cfg, self._handle, ctypes.addressof(ptrs), 0), f"launch {self.name}")
 
 

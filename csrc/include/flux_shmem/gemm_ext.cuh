@@ -23,6 +23,16 @@
 #define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1
 #endif
 
+// Programmatic dependent launch (PDL): CUTLASS's sm90 kernels then wait (griddepcontrol.wait) before their first
+// global loads and let the next kernel launch at their last tile. Without the launch attribute both are no-ops;
+// flux_shmem/kernels/gemm.py sets it on plain GEMMs when FLUX_SHMEM_GEMM_PDL=1, so a GEMM's start (grid launch,
+// barrier init, descriptor prefetch) overlaps the previous kernel's tail. Our extensions read global memory only
+// after that wait (the chunk waits run in the mainloop producer, the split-K fixup and the epilogue's waits after
+// the mainloop), except the scheduler's m_tile_order, a table written at plan time.
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#endif
+
 #include <cstddef>
 #include <cstdint>
 
