@@ -15,6 +15,7 @@
 #                   SHAPES_SUITE=tp-shard SHAPES_PART=I/N runs part I of N of the whole suite (merge the parts'
 #                   gemm_shapes.jsonl with `python3 benchmarks/gemm_shapes.py --summarize FILE...`); SHAPES_TUNE=none
 #                   skips tuning (heuristic rows only, where the cache lacks a shape)
+#   pdl             the tp-shard-quick suite (heuristic only) without, then with FLUX_SHMEM_GEMM_PDL=1 (half the step each)
 #   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
 #   emuput2         the same with 2 PEs and forced puts
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
@@ -56,6 +57,8 @@ for spec in "$@"; do
     shapes) timeout "$T" bash $S shapes --suite "${SHAPES_SUITE:-tp-shard-quick}" ${SHAPES_PART:+--part "$SHAPES_PART"} \
       ${SHAPES_TUNE:+--tune "$SHAPES_TUNE"} \
       --budget-s $((T - 30)) | tail -40 ;;
+    pdl) for v in 0 1; do FLUX_SHMEM_GEMM_PDL=$v timeout $((T / 2)) bash $S shapes --suite tp-shard-quick --tune none \
+      --fused-shapes '' --budget-s $((T / 2 - 30)) --jsonl "$OUT/gemm_shapes_pdl$v.jsonl" | tail -8; done ;;
     gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \
       python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
