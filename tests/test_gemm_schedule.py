@@ -74,15 +74,14 @@ def reference_raster(cm: int, cn: int, group: int) -> list[tuple[int, int]]:
 
 
 def reference_plan(case):
-    """(dp_tiles, tail_units, stride) as the header's comment defines them."""
+    """(dp_tiles, tail_units, stride): the chooser's model of the plan (config.tail_plan), so the kernel is checked
+    against what the model ranks, and the launch's clusters (the stride) as the header's comment defines them."""
+    from flux_shmem.kernels.config import tail_plan
     cm, cn, _group, splits, k_tiles, clusters = case
     tiles = cm * cn
-    if splits <= 1 or tiles % clusters == 0:
-        return tiles, 0, max(1, min(tiles, clusters))
-    waves = tiles // clusters
-    dp = (waves - 1) * clusters if waves >= 1 else 0
-    tail = tiles - dp
-    u = min(clusters, tail * splits, tail * k_tiles)
+    dp, u = tail_plan(tiles, clusters, splits, k_tiles)
+    if u == 0:
+        return dp, 0, max(1, min(tiles, clusters))
     return dp, u, clusters if dp > 0 else u
 
 

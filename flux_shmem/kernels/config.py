@@ -19,9 +19,10 @@ wave and the whole wave before it run as stream-K (`tail_plan`, the kernel's fs:
 evenly into U = min(P, tail tiles x S) ranges, one per cluster, and a tile cut into pieces adds them up in a serial
 reduction of fp32 partial tiles: worth it when the last wave is far from full (the N = 1280 shard of Llama-3 70B
 QKV at TP 8: 8192 x 1280 x 8192 is 2.42 waves of 128 x 256 tiles on 132 SMs; stream-K runs it in 2.42 tile times,
-not 3). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The model ranks candidates; it does not predict absolute times well (estimate_us is a
-rough figure). A candidate replaces the default (128x256 cooperative, swizzle 8, no split) only when the model
-expects it to be faster by more than MARGIN, since the default is the measured one.
+not 3). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The
+model ranks candidates; it does not predict absolute times well (estimate_us is a rough figure). A candidate
+replaces the default (128x256 cooperative, swizzle 8, no split) only when the model expects it to be faster by more
+than MARGIN, since the default is the measured one.
 
 Fused ops pass `group_rows`: the scheduler's swizzle group (swizzle clusters of M-tiles walking across N together)
 must fit in that many rows (one all-gather chunk or reduce-scatter segment), so that a wave only needs rows already

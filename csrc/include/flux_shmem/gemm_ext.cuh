@@ -95,8 +95,9 @@ struct OrderedPersistentScheduler {};
 //   * with kSplitK and splits > 1, runs the last partial wave and the whole wave before it as stream-K (an even
 //     share of their K-tiles per cluster; fs::plan_tail, fs::unit_at), reduces the pieces of a split tile in a
 //     workspace (fp32 partials + one lock per split tile and consumer warpgroup) in reduction order
-//     (deterministic), and lets only the last piece run the epilogue. The last piece resets its lock to 0, so the workspace needs zeroing once, when allocated, not per launch
-//     (launches of one stream do not overlap; CUDA-graph replays stay correct). The locks live in a region of
+//     (deterministic), and lets only the last piece run the epilogue. The last piece resets its lock to 0, so the
+//     workspace needs zeroing once, when allocated, not per launch (launches of one stream do not overlap;
+//     CUDA-graph replays stay correct). The locks live in a region of
 //     fixed size at the start of the workspace that partials never touch: a workspace shared by launches of
 //     other shapes then still holds zero locks (with the locks placed after the shape's partials, a later shape's
 //     locks fell on an earlier shape's fp32 partials and its splits waited forever: seen 2026-12-04, 2 PEs).

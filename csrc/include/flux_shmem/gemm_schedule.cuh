@@ -120,14 +120,13 @@ FS_GS_HD Unit unit_at(const UnitGrid& g, int64_t id) {
     r.k_count = g.k_tiles;
     r.slot = -1;
   } else {
+    const Unit none{0, 0, 0, 1, 0, 0, -1, false};
     const int64_t v = id - g.dp_tiles, item = v / g.stride, c = v - item * g.stride;
     const int64_t u = g.tail_units, kt = g.k_tiles, w = (cluster_tiles(g) - g.dp_tiles) * kt;
-    const int64_t a = u > 0 ? range_start(c, w, u) : 0, b = u > 0 ? range_start(c + 1, w, u) : 0;
+    if (u <= 0 || c >= u) return none;  // no tail, or a cluster beyond its ranges
+    const int64_t a = range_start(c, w, u), b = range_start(c + 1, w, u);
     const int64_t tile = a / kt + item, ts = tile * kt;  // the tail tile of this item and its first stream K-tile
-    if (u <= 0 || c >= u || ts >= b) {
-      r = Unit{0, 0, 0, 1, 0, 0, -1, false};
-      return r;
-    }
+    if (ts >= b) return none;  // past the range's last item
     const int64_t lo = range_of(ts, w, u), hi = range_of(ts + kt - 1, w, u);
     const int64_t k0 = a > ts ? a : ts, k1 = b < ts + kt ? b : ts + kt;
     t = g.dp_tiles + tile;
