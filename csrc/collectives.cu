@@ -5,7 +5,7 @@
 // the simulator (flux_shmem/ops/simulate.py) runs the same plans.
 //
 // Synchronisation without host round trips or resets: each op owns a device-side epoch counter (1 on the first
-// call, bumped by fs_epoch_bump at the end of every call). Signals are SET to (or counted up to) the epoch and
+// call, bumped by fs_epoch_bump at the end of every call). Signals are SET to the epoch and
 // waited on with >=, so they never need resetting and a captured CUDA graph replays correctly. Before a PE writes
 // into a peer's buffers it waits for that peer's arrival signal of this epoch: the peer has finished the previous
 // call, so nothing it still reads is overwritten.
@@ -185,11 +185,12 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
 
 // ---------------------------------------------------------------------------------------------------------------
 // Reduce-scatter of [M, N] partials (fp32 accumulation), two-level across nodes, by plan items
-// (flux_shmem/ops/_schedule.py rs_items):
-//   COPY      standalone op: copy my input rows into my symmetric addend, count them as finished "tiles"
-//   NODE_SUM  a segment with my local index: once every PE of my node has finished the unit's M-tile, sum their
-//             partials in local-index order; one node: + bias -> out; else the node partial goes to the segment's
-//             owner (put with signal; my own segment's stays in my receive slot)
+// (flux_shmem/ops/_schedule.py rs_items); unit u of a segment covers rows x a column group (comm_schedule.cuh
+// rs_unit):
+//   COPY      standalone op: copy my input rows into my symmetric addend, mark them as finished "tiles"
+//   NODE_SUM  a segment with my local index: once every PE of my node has finished the GEMM tiles under the unit,
+//             sum their partials in local-index order; one node: + bias -> out; else the node partial goes to the
+//             segment's owner (put with signal; my own segment's stays in my receive slot)
 //   FINAL     my segment, several nodes: out = node partials summed in node order + bias
 enum RsOp : int { kCopy = 0, kNodeSum = 1, kFinal = 2 };
 
@@ -197,13 +198,13 @@ struct RsArgs {
   Ctx ctx;
   const uint8_t* src;          // standalone op: this PE's input [M, N] (COPY items); null: fused
   uint8_t* partial;            // symmetric [M, N]: this PE's addend (every PE's is read by its node peers)
-  uint8_t* stage;              // symmetric [nodes, Ms, N]: node partials on their way to other nodes
-  uint8_t* recv;               // symmetric [nodes, Ms, N]: node partials of my segment, one slot per node
+  uint8_t* stage;              // symmetric [nodes, Ms, N]: node partials on their way to other nodes (packed units)
+  uint8_t* recv;               // symmetric [nodes, Ms, N]: node partials of my segment, one slot per node (packed)
   uint64_t* recv_sig;          // symmetric [nodes * max_units]
   uint8_t* out;                // local [Ms, N]
   const uint8_t* bias;         // [N] or null
-  uint64_t* rows_ready;        // symmetric [max_tiles_m] counters: +1 per finished (M-tile, N-tile) of `partial`
-  uint64_t* seen;              // local [world * max_tiles_m]: epoch in which (PE, M-tile) was seen complete
+  uint64_t* tile_ready;        // symmetric [max_tiles_m * tiles_n]: word of tile (m, n) = epoch once `partial` has it
+  uint64_t* seen;              // local [world * max_tiles_m * tiles_n]: epoch in which (PE, tile) was seen ready
   uint64_t* bar;               // symmetric [world]
   uint64_t* done;              // symmetric [world]: done[q] = epoch once PE q has finished reading my partial
   unsigned long long* exits;   // local [2]: blocks of this kernel that finished, per epoch parity
@@ -212,20 +213,21 @@ struct RsArgs {
   const int32_t* block_begin;  // [gridDim.x + 1]
   int64_t m, n;
   int64_t rows_per_shard;      // Ms = M / world
-  int tile_m, tiles_n;         // GEMM tile height and N-tile count (counter target = epoch * tiles_n)
+  int tile_m, tile_n;          // the GEMM's tile (standalone op: unit_rows x N)
+  int tiles_n;                 // N-tiles: ceil(n / tile_n)
+  int group_tiles;             // N-tiles per unit (tiles_n: whole rows)
   int unit_rows;               // divides tile_m
   int node_size;
-  int max_tiles_m;             // length of rows_ready (the op's largest M)
+  int max_tiles_m;             // M-tiles of tile_ready (the op's largest M)
   int max_units;               // receive-signal slots per node
-  int flags;                   // kRsExtendCounters | kRsSignalDone
+  int flags;                   // kRsSignalDone
   int pad_;
   Pace pace;
 };
 
 // RsArgs.flags. A fused call runs two reduce kernels: one beside the GEMM, and one with many blocks after it for
-// the M-tiles of the GEMM's last wave (the "tail"); only the first extends the counters, and neither needs the
-// done signal (the GEMM itself waits for its node's arrivals before overwriting its partial).
-constexpr int kRsExtendCounters = 1;  // add this call's increments to the counters of M-tiles beyond M
+// the pieces of the GEMM's last wave (the "tail"); neither needs the done signal (every fused call starts with a
+// barrier, after which nobody reads the previous call's partials).
 constexpr int kRsSignalDone = 2;      // the last block tells my node's PEs I no longer read their addends
 
 namespace fs {
@@ -272,23 +274,35 @@ template <> struct Vec<float> {
   __device__ static void store(void* p, const float* f) { *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]); }
 };
 
-// Whole block: dst[i] = sum over k < nsrc of src(k)[i] (+ bias[i % n]) for i < elems, in fp32, sources in order
-// (deterministic). Four vectors per thread per pass, so 4 * nsrc loads are in flight: one 512-thread block streams
-// ~30-45 GB/s with one vector in flight per source, far below what the comm kernel's few blocks need.
+// Whole block, over a rows x w block of elements: dst = sum over k < nsrc of src(k) (+ bias[col]) in fp32, sources
+// in order (deterministic). Row r of the block starts at r * src_stride in every source and at r * dst_stride in
+// dst (a stride of w: packed). w is a multiple of the vector width, so no vector straddles two rows. Four vectors
+// per thread per pass, so 4 * nsrc loads are in flight: one 512-thread block streams ~30-45 GB/s with one vector
+// in flight per source, far below what the comm kernel's few blocks need.
 template <typename T, typename Src>
-__device__ __forceinline__ void block_sum(T* dst, Src src, int nsrc, int64_t elems, int64_t n, const T* bias) {
+__device__ __forceinline__ void block_sum(T* dst, int64_t dst_stride, Src src, int64_t src_stride, int nsrc,
+                                          int64_t rows, int64_t w, const T* bias) {
   using V = Vec<T>;
   constexpr int kN = V::kN, kU = 4;
+  const int64_t elems = rows * w;
   const int64_t step = int64_t(blockDim.x) * kN;
+  const uint32_t w32 = uint32_t(w);  // a unit has far fewer than 2^32 elements (ReduceEngine checks)
   int64_t i = int64_t(threadIdx.x) * kN;
   for (; i + (kU - 1) * step < elems; i += kU * step) {
     float s[kU][kN], x[kU][kN];
+    uint32_t row[kU], col[kU];  // (32-bit: 64-bit offsets for every vector made the kernel spill)
 #pragma unroll
-    for (int u = 0; u < kU; ++u) V::load(src(0) + i + u * step, s[u]);
+    for (int u = 0; u < kU; ++u) {
+      const uint32_t f = uint32_t(i + u * step);
+      row[u] = f / w32;
+      col[u] = f - row[u] * w32;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) V::load(src(0) + (int64_t(row[u]) * src_stride + col[u]), s[u]);
     for (int k = 1; k < nsrc; ++k) {
       const T* p = src(k);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) V::load(p + i + u * step, x[u]);
+      for (int u = 0; u < kU; ++u) V::load(p + (int64_t(row[u]) * src_stride + col[u]), x[u]);
 #pragma unroll
       for (int u = 0; u < kU; ++u)
 #pragma unroll
@@ -297,46 +311,50 @@ __device__ __forceinline__ void block_sum(T* dst, Src src, int nsrc, int64_t ele
     if (bias != nullptr) {
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        V::load(bias + ((i + u * step) % n), x[u]);
+        V::load(bias + col[u], x[u]);
 #pragma unroll
         for (int j = 0; j < kN; ++j) s[u][j] += x[u][j];
       }
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) V::store(dst + i + u * step, s[u]);
+    for (int u = 0; u < kU; ++u) V::store(dst + (int64_t(row[u]) * dst_stride + col[u]), s[u]);
   }
   for (; i < elems; i += step) {
+    const uint32_t f = uint32_t(i), r = f / w32;
+    const int64_t col = f - r * w32, so = int64_t(r) * src_stride + col;
     float s[kN], x[kN];
-    V::load(src(0) + i, s);
+    V::load(src(0) + so, s);
     for (int k = 1; k < nsrc; ++k) {
-      V::load(src(k) + i, x);
+      V::load(src(k) + so, x);
 #pragma unroll
       for (int j = 0; j < kN; ++j) s[j] += x[j];
     }
     if (bias != nullptr) {
-      V::load(bias + (i % n), x);
+      V::load(bias + col, x);
 #pragma unroll
       for (int j = 0; j < kN; ++j) s[j] += x[j];
     }
-    V::store(dst + i, s);
+    V::store(dst + int64_t(r) * dst_stride + col, s);
   }
 }
 
-// Block-wide: wait until the M-tile counter of every PE of my node (but `skip`) shows this epoch's tiles. One
-// thread per peer polls, so remote polls overlap; a counter once seen complete is remembered in `seen` (local
-// memory), so the other units of that M-tile do not poll over the network again.
-__device__ bool wait_node_tiles(const RsArgs& a, const Topo& t, int tile, uint64_t e, int skip) {
+// Block-wide: wait until every PE of my node has finished the GEMM tiles (tile, [nt0, nt1)) of this epoch. One
+// thread per (PE, tile) polls, so remote polls overlap; a tile once seen ready is remembered in `seen` (local
+// memory), so other units over that tile do not poll over the network again.
+__device__ bool wait_node_tiles(const RsArgs& a, const Topo& t, int tile, int nt0, int nt1, uint64_t e) {
   __shared__ int ok;
   if (threadIdx.x == 0) ok = 1;
   __syncthreads();
-  for (int i = threadIdx.x; i < t.node_size; i += blockDim.x) {
-    const int q = t.pe(t.node(), i);
-    if (q == skip) continue;
-    uint64_t* s = a.seen + size_t(q) * a.max_tiles_m + tile;
+  const int span = nt1 - nt0;
+  const int64_t tiles = int64_t(a.max_tiles_m) * a.tiles_n;
+  for (int i = threadIdx.x; i < t.node_size * span; i += blockDim.x) {
+    const int q = t.pe(t.node(), i / span);
+    const int64_t idx = int64_t(tile) * a.tiles_n + nt0 + i % span;
+    uint64_t* s = a.seen + q * tiles + idx;
     if (ld_acquire_gpu(s) >= e) continue;
-    const uint64_t* c = a.rows_ready + tile;
+    const uint64_t* c = a.tile_ready + idx;
     const uint64_t* at = q == t.me ? c : static_cast<const uint64_t*>(nvshmem_ptr(c, q));
-    if (!wait_ge(a.ctx, at, e * uint64_t(a.tiles_n), kSiteRows, q * a.max_tiles_m + tile)) { ok = 0; continue; }
+    if (!wait_ge(a.ctx, at, e, kSiteRows, int(q * tiles + idx))) { ok = 0; continue; }
     st_release_gpu(s, e);
   }
   __syncthreads();
@@ -363,19 +381,13 @@ __device__ void reduce_scatter(const RsArgs& a) {
   }
   __syncthreads();
   bool used_put = false;
-  if (blockIdx.x == 0 && (a.flags & kRsExtendCounters)) {
-    // Counters of M-tiles beyond this call's M get their tiles_n increments too, so every counter stays at
-    // epoch * tiles_n and a later call with a larger M waits for the right value.
-    for (int i = int((a.m + a.tile_m - 1) / a.tile_m) + threadIdx.x; i < a.max_tiles_m; i += blockDim.x)
-      atomicAdd(reinterpret_cast<unsigned long long*>(a.rows_ready + i), (unsigned long long)a.tiles_n);
-  }
   bool peers_arrived = false;
   for (int it = a.block_begin[blockIdx.x]; it < a.block_begin[blockIdx.x + 1]; ++it) {
     const int4 w = a.items[it];
     const int op = w.x, seg = w.y, u = w.z;
     if (op == kCopy) {
       // Copy my input into my symmetric addend once my node's PEs have arrived in this epoch (they no longer read
-      // the previous call's addend). Each copied row block counts as one tile.
+      // the previous call's addend). Each copied row block is one tile (tile_m = unit_rows, one N-tile).
       for (int q = 0; q < L && !peers_arrived; ++q)
         if (!block_wait_ge(a.ctx, a.bar + t.pe(node, q), e, kSiteBarrier, t.pe(node, q))) return;
       peers_arrived = true;
@@ -383,32 +395,42 @@ __device__ void reduce_scatter(const RsArgs& a) {
       const size_t off = size_t(lo * N) * sizeof(T);
       if (a.src != a.partial) block_copy(a.partial + off, a.src + off, size_t((hi - lo) * N) * sizeof(T));
       __syncthreads();
-      if (threadIdx.x == 0) { __threadfence_system(); red_add_release_sys(a.rows_ready + lo / a.tile_m, 1); }
+      if (threadIdx.x == 0) {
+        __threadfence_system();  // (after the barrier: orders every thread's copy before the mark)
+        st_relaxed_sys(a.tile_ready + (lo / a.tile_m) * a.tiles_n, e);
+      }
       __syncthreads();
       continue;
     }
-    int64_t lo, hi;
-    rs_unit_rows(Ms, a.unit_rows, seg, u, &lo, &hi);
-    const int64_t seg_row = lo - int64_t(seg) * Ms;  // row inside the segment
-    const int64_t elems = (hi - lo) * N;
-    const int tile = int(lo / a.tile_m);
+    const RsRect r = rs_unit(Ms, a.unit_rows, N, a.tile_n, a.group_tiles, seg, u);
+    const int64_t seg_row = r.lo - int64_t(seg) * Ms;  // row inside the segment
+    const int64_t rows = r.hi - r.lo, wid = r.c1 - r.c0, elems = rows * wid;
+    const T* bias_cols = bias != nullptr ? bias + r.c0 : nullptr;
     // kNodeSum
     if (op == kNodeSum) {
-      if (!wait_node_tiles(a, t, tile, e, -1)) return;
+      const int nt0 = int(r.c0 / a.tile_n), nt1 = int((r.c1 + a.tile_n - 1) / a.tile_n);
+      if (!wait_node_tiles(a, t, int(r.lo / a.tile_m), nt0, nt1, e)) return;
       const int dst_node = seg / L;
       const unsigned long long paced_end = block_pace_reserve(a.pace, 0, uint64_t(L - 1) * elems * sizeof(T));
-      T* dst = Nn == 1 ? out + seg_row * N
-                       : (dst_node == node ? recv + int64_t(node) * Ms * N : stage + int64_t(dst_node) * Ms * N) +
-                             seg_row * N;
-      const T* send = node_partial[0] + lo * N;  // one PE per node: its partial is the node partial
-      if (L > 1 || Nn == 1 || dst_node == node) {  // (my own segment's node partial: into my receive slot)
-        const int64_t off = lo * N;
-        block_sum(dst, [&](int q) { return node_partial[q] + off; }, L, elems, N, Nn == 1 ? bias : nullptr);
+      const int64_t off = r.lo * N + r.c0;  // the unit in every node PE's addend
+      if (Nn == 1) {
+        block_sum(out + seg_row * N + r.c0, N, [&](int q) { return node_partial[q] + off; }, N, L, rows, wid,
+                  bias_cols);
+        __syncthreads();
+        block_pace_wait(paced_end);  // the reads from my L - 1 node peers
+        continue;
+      }
+      // The node partial, packed: into my receive slot (my own segment) or the stage slot bound for its owner. A
+      // lone PE per node whose unit is whole rows sends straight from its addend, which then holds it contiguously.
+      T* dst = (dst_node == node ? recv + int64_t(node) * Ms * N : stage + int64_t(dst_node) * Ms * N) + r.slot;
+      const T* send = node_partial[0] + off;
+      if (L > 1 || dst_node == node || wid != N) {
+        block_sum(dst, wid, [&](int q) { return node_partial[q] + off; }, N, L, rows, wid,
+                  static_cast<const T*>(nullptr));
         send = dst;
       }
       __syncthreads();
-      block_pace_wait(paced_end);  // the reads from my L - 1 node peers
-      if (Nn == 1) continue;
+      block_pace_wait(paced_end);
       uint64_t* sig = a.recv_sig + node * a.max_units + u;
       if (dst_node == node) {  // my own segment's node partial stays here
         if (threadIdx.x == 0) { __threadfence(); st_release_sys(sig, e); }
@@ -418,7 +440,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
       // The node partial goes to the segment's owner, once it has arrived in this epoch (done reading the
       // previous call's receive slot).
       if (!block_wait_ge(a.ctx, a.bar + seg, e, kSiteBarrier, seg)) return;
-      T* remote_slot = recv + (int64_t(node) * Ms + seg_row) * N;
+      T* remote_slot = recv + int64_t(node) * Ms * N + r.slot;
       used_put |= put_signal_block(remote_slot, send, elems * sizeof(T), sig, e, seg, false,
                                    block_pace_reserve(a.pace, 1, elems * sizeof(T)));
       continue;
@@ -426,7 +448,8 @@ __device__ void reduce_scatter(const RsArgs& a) {
     // kFinal: the node partials of my segment, summed in node order.
     for (int j = 0; j < Nn; ++j)
       if (!block_wait_ge(a.ctx, a.recv_sig + j * a.max_units + u, e, kSiteRecv, j * a.max_units + u)) return;
-    block_sum(out + seg_row * N, [&](int j) { return recv + (int64_t(j) * Ms + seg_row) * N; }, Nn, elems, N, bias);
+    block_sum(out + seg_row * N + r.c0, N, [&](int j) { return recv + int64_t(j) * Ms * N + r.slot; }, wid, Nn, rows,
+              wid, bias_cols);
     __syncthreads();
   }
   __syncthreads();

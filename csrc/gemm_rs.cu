@@ -1,6 +1,6 @@
-// GEMM + ReduceScatter: persistent CUTLASS sm90 GEMMs writing the local partial D whose epilogue, before its first
-// store, waits for the peers' arrival slots (the previous call's readers of D are done) and, after each tile's
-// stores have landed, raises rows_ready[m_tile] by one (release, system scope) for the reduce kernel.
+// GEMM + ReduceScatter: persistent CUTLASS sm90 GEMMs writing the local partial D whose epilogue, after each tile's
+// stores have landed, sets the tile's word of tile_ready to the epoch (system scope) for the reduce kernel. (The
+// previous call's readers of D are done before the GEMM starts: every fused call begins with a barrier.)
 //
 // Kernels (one by-value parameter: the CUTLASS kernel's Params, filled by the host functions below):
 //   fs_gemm_rs_{bf16,fp16}_{kn,nk}   D[M,N] = A[M,K] x B + bias[N]; B "kn" = [K,N] row-major, "nk" = [N,K] row-major
@@ -38,23 +38,12 @@ int rs_args(const char* kname, const FsGemmRsArgs* a, typename Cfg::Kernel::Argu
   int rc = check_problem(kname, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count,
                          a->swizzle, sizeof(typename Cfg::ElementA));
   if (rc != kOk) return rc;
-  if (a->rows_ready != nullptr) {
-    if (a->epoch == nullptr) return fail(kErrArgs, std::string(kname) + ": rows_ready needs epoch");
-    if (a->group_first < 0 || a->group_size < 0 || (a->group_size > 0 && a->bar == nullptr)) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%s: bad peer group: bar=%p group_first=%d group_size=%d", kname,
-                    static_cast<const void*>(a->bar), a->group_first, a->group_size);
-      return fail(kErrArgs, buf);
-    }
-  }
+  if (a->tile_ready != nullptr && a->epoch == nullptr)
+    return fail(kErrArgs, std::string(kname) + ": tile_ready needs epoch");
   fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
                      a->swizzle, a->splits);
-  args.epilogue.rows_ready = a->rows_ready;
-  args.epilogue.bar = a->bar;
-  args.epilogue.group_first = a->group_first;
-  args.epilogue.group_size = a->group_size;
+  args.epilogue.tile_ready = a->tile_ready;
   args.epilogue.epoch = a->epoch;
-  args.epilogue.ctx = to_ctx(a->ctx);
   args.scheduler.ctx = to_ctx(a->ctx);
   return kOk;
 }

@@ -92,11 +92,11 @@ def test_abi_mirrors_match(libs):
             assert lib.fs_abi_sizeof(name.encode()) == ctypes.sizeof(st)
     assert ctypes.sizeof(kg.FsLaunch) == 40
     assert ctypes.sizeof(kg.FsCtx) == 32
-    assert ctypes.sizeof(kg.FsAgGemmArgs) == 168 and ctypes.sizeof(kg.FsGemmRsArgs) == 168
-    # fields added for split-K sit at the end of both structs (earlier offsets unchanged)
+    assert ctypes.sizeof(kg.FsAgGemmArgs) == 168 and ctypes.sizeof(kg.FsGemmRsArgs) == 152
+    # fields added for split-K sit at the end of both structs
     for st in (kg.FsAgGemmArgs, kg.FsGemmRsArgs):
         assert [f for f, _ in st._fields_[-4:]] == ["splits", "pad1_", "workspace", "workspace_bytes"]
-        assert st.splits.offset == 144
+    assert kg.FsAgGemmArgs.splits.offset == 144 and kg.FsGemmRsArgs.splits.offset == 128
 
 
 def test_tile_shape_and_param_sizes(libs, monkeypatch):
@@ -164,7 +164,8 @@ def test_hgmma_in_sass(artifacts):
             assert "UTMALDG" in body and "UTMASTG" in body, name  # TMA loads and stores
         if fam == "gemm_rs":
             for name in KERNELS[fam]:
-                assert re.search(r"RED\.E\.ADD.*64.*STRONG\.SYS|RED.*\.SYS", seen[name]), name  # rows_ready signal
+                # the tile mark: one system fence, then a plain 64-bit system-scope store of the epoch
+                assert re.search(r"MEMBAR\.SC\.SYS.*\n(?:.*\n){0,12}?.*STG\.E\.64\.STRONG\.SYS", seen[name]), name
 
 
 def _ag_args(**kw) -> kg.FsAgGemmArgs:
@@ -193,12 +194,9 @@ def test_params_errors_are_reported(libs):
     with pytest.raises(FluxShmemError, match="takes FsAgGemmArgs"):
         ag.params(kg.FsGemmRsArgs())
     rs = kg.GemmHost(libs["gemm_rs"], "gemm_rs", "fp16", "kn")
-    with pytest.raises(FluxShmemError, match="rows_ready needs epoch"):
+    with pytest.raises(FluxShmemError, match="tile_ready needs epoch"):
         rs.params(kg.FsGemmRsArgs(m=256, n=256, k=256, a=0x10000, b=0x20000, d=0x30000, sm_count=132,
-                                  rows_ready=0x40000, epoch=None))
-    with pytest.raises(FluxShmemError, match="bad peer group"):
-        rs.params(kg.FsGemmRsArgs(m=256, n=256, k=256, a=0x10000, b=0x20000, d=0x30000, sm_count=132,
-                                  rows_ready=0x40000, epoch=0x50000, group_size=2, bar=None))
+                                  tile_ready=0x40000, epoch=None))
 
 
 def test_split_k_workspace_and_errors(libs):
@@ -350,7 +348,7 @@ def test_pdl_only_for_plain_gemms_when_asked(monkeypatch):
     pytest.importorskip("cuda.bindings")
     from flux_shmem.kernels import module as km
     plain_ag, plain_rs = kg.FsAgGemmArgs(m=8, n=8, k=8), kg.FsGemmRsArgs(m=8, n=8, k=8)
-    fused_ag, fused_rs = kg.FsAgGemmArgs(m=8, n=8, k=8, wait=1), kg.FsGemmRsArgs(m=8, n=8, k=8, rows_ready=0x1000)
+    fused_ag, fused_rs = kg.FsAgGemmArgs(m=8, n=8, k=8, wait=1), kg.FsGemmRsArgs(m=8, n=8, k=8, tile_ready=0x1000)
     monkeypatch.delenv(kg.ENV_PDL, raising=False)
     assert not any(kg.uses_pdl(a) for a in (plain_ag, plain_rs, fused_ag, fused_rs))
     monkeypatch.setenv(kg.ENV_PDL, "1")

@@ -141,12 +141,14 @@ def test_rs_tile_order(world, L, m, tm):
 
 @pytest.mark.parametrize("world,L", TOPOLOGIES)
 @pytest.mark.parametrize("ms,ur,tm", [(128, 128, 128), (100, 32, 128), (1000, 8, 128), (7, 4, 128), (256, 1, 128)])
-def test_rs_plan_covers_units(world, L, ms, ur, tm):
+@pytest.mark.parametrize("n,tn,gt", [(64, None, None), (1000, 256, 2), (768, 256, 1)])
+def test_rs_plan_covers_units(world, L, ms, ur, tm, n, tn, gt):
     m = ms * world
     nodes = world // L
+    units = sch.rs_units(ms, ur, tm, n, tn, gt)
     summed = collections.Counter()   # (segment, unit) -> node-level sums (once per node)
     for pe in range(world):
-        plan = sch.rs_plan(pe, world, L, m, ur, tm, blocks=5)
+        plan = sch.rs_plan(pe, world, L, m, units, blocks=5)
         items = [it for b in plan for it in b]
         for b in plan:  # FINALs after every NODE_SUM of their block, after their own unit's
             ops = [it.op for it in b]
@@ -157,28 +159,90 @@ def test_rs_plan_covers_units(world, L, ms, ur, tm):
         by_op = collections.defaultdict(list)
         for it in items:
             by_op[it.op].append(it)
-            lo, hi = sch.rs_unit_rows(ms, ur, it.seg, it.unit)
-            assert it.seg * ms <= lo < hi <= (it.seg + 1) * ms and lo // tm == (hi - 1) // tm
-            assert it.unit < sch.rs_max_units(ms, ur)
-        units = sch.rs_units_in_segment(ms, ur, pe)
-        assert len(by_op[sch.FINAL]) == (units if nodes > 1 else 0)
+            r = units.rect(it.seg, it.unit)
+            assert it.seg * ms <= r.lo < r.hi <= (it.seg + 1) * ms and r.lo // tm == (r.hi - 1) // tm
+            assert 0 <= r.c0 < r.c1 <= n
+            assert it.unit < sch.rs_max_units(ms, ur, units.groups)
+        assert len(by_op[sch.FINAL]) == (units.count(pe) if nodes > 1 else 0)
         for it in by_op[sch.NODE_SUM]:
             assert it.seg % L == pe % L  # the segments with my local index, on every node
             summed[(it.seg, it.unit)] += 1
         assert not by_op[sch.COPY]
-    assert summed == {(s, u): nodes for s in range(world) for u in range(sch.rs_units_in_segment(ms, ur, s))}
+    assert summed == {(s, u): nodes for s in range(world) for u in range(units.count(s))}
+
+
+@pytest.mark.parametrize("ms,ur,tm,n,tn,gt", [(100, 8, 128, 1000, 256, 2), (256, 8, 128, 2048, 256, 4),
+                                              (7, 4, 128, 64, None, None), (256, 16, 128, 768, 128, 4),
+                                              (300, 64, 128, 4096, 256, 3)])
+def test_rs_units_tile_every_segment_once(ms, ur, tm, n, tn, gt):
+    """A segment's units cover its [ms, n] block exactly once, each inside one M-tile and within its column group's
+    N-tiles; their packed node-partial slots tile the same block exactly once too."""
+    units = sch.rs_units(ms, ur, tm, n, tn, gt)
+    tile_n = tn or n
+    for seg in (0, 1, 3):
+        cells = collections.Counter()
+        slots = collections.Counter()
+        for u in range(units.count(seg)):
+            r = units.rect(seg, u)
+            mt, g = units.piece(seg, u)
+            assert r.lo // tm == (r.hi - 1) // tm == mt
+            assert r.c0 == g * units.group_tiles * tile_n and r.c1 <= min(n, r.c0 + units.group_tiles * tile_n)
+            cells.update((row, col) for row in range(r.lo, r.hi) for col in range(r.c0, r.c1, 8))
+            slots.update(range(r.slot, r.slot + (r.hi - r.lo) * (r.c1 - r.c0), 8))
+        assert cells == {(row, col): 1 for row in range(seg * ms, (seg + 1) * ms) for col in range(0, n, 8)}
+        assert slots == {i: 1 for i in range(0, ms * n, 8)}
+    with pytest.raises(ValueError, match="group_tiles"):
+        sch.rs_units(ms, ur, tm, n, tn, 10 ** 6)
+    with pytest.raises(ValueError, match="unit_rows"):
+        sch.rs_units(ms, 3, 8, n)
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,cm,sw,gt", [(64, 32, 2, 1, 32), (64, 32, 2, 4, 16), (13, 5, 2, 2, 2),
+                                                      (8, 3, 1, 8, 1), (6, 4, 2, 8, 4)])
+def test_rs_completion_follows_the_scheduler(tiles_m, tiles_n, cm, sw, gt):
+    """Pieces complete in the order of the last scheduler item that writes them, every piece once; with swizzle 1
+    and whole rows that is the M-tile order itself (the order before column groups existed)."""
+    order = list(range(tiles_m))[::-1]
+    comp = sch.rs_completion(order, tiles_n, cm, sw, gt)
+    groups = -(-tiles_n // gt)
+    assert sorted(comp) == sorted((t, g) for t in range(tiles_m) for g in range(groups))
+    items = sch.gemm_items(tiles_m, tiles_n, cm, sw)
+    assert sorted(items) == sorted((r, nt) for r in range(-(-tiles_m // cm)) for nt in range(tiles_n))
+    last = {}
+    for w, (row, nt) in enumerate(items):
+        for i in range(row * cm, min(tiles_m, (row + 1) * cm)):
+            last[(order[i], nt // gt)] = w
+    assert sch.rs_piece_items(order, tiles_n, cm, sw, gt) == last
+    assert [last[p] for p in comp] == sorted(last[p] for p in comp)
+    if sw == 1 and gt == tiles_n:
+        assert [t for t, _ in comp] == order
+
+
+def test_rs_items_follow_completion():
+    """NODE_SUMs are issued in the order the GEMM completes their pieces: with a 4-row swizzle and half-row groups
+    at W = 8 (one node), the first half of every segment's first M-tile comes before any second half."""
+    world, m, tm, n, tn = 8, 8192, 128, 8192, 256
+    units = sch.rs_units(m // world, 8, tm, n, tn, 16)
+    order = sch.rs_tile_order(0, world, world, m, tm)
+    comp = sch.rs_completion(order, n // tn, 2, 4, 16)
+    assert comp[:8] == [(t, 0) for t in order[:8]] and comp[8:16] == [(t, 1) for t in order[:8]]
+    rank = {p: i for i, p in enumerate(comp)}
+    items = [it for it, _ in sch.rs_items(3, world, world, m, units, completion=comp)]
+    ranks = [rank[units.piece(it.seg, it.unit)] for it in items]
+    assert ranks == sorted(ranks) and {it.seg for it in items} == {3}
 
 
 def test_rs_plan_standalone_copies_first():
-    plan = sch.rs_plan(0, 2, 2, 64, 8, 8, blocks=2, copy_rows=64)
+    units = sch.rs_units(32, 8, 8, 64)
+    plan = sch.rs_plan(0, 2, 2, 64, units, blocks=2, copy_rows=64)
     items = [it for b in plan for it in b]
     copies = [it for it in items if it.op == sch.COPY]
     assert sorted(it.unit for it in copies) == list(range(8))
     for b in plan:
         ops = [it.op for it in b]
         assert ops[:ops.count(sch.COPY)] == [sch.COPY] * ops.count(sch.COPY)
-    with pytest.raises(ValueError, match="unit_rows"):
-        sch.rs_items(0, 2, 2, 64, 3, 8)
+    with pytest.raises(ValueError, match="segments"):
+        sch.rs_items(0, 2, 2, 48, units)
 
 
 @pytest.fixture(scope="module")
@@ -199,9 +263,18 @@ def dump(tmp_path_factory):
 @pytest.mark.parametrize("ms,ur", [(128, 128), (100, 32), (1000, 64), (7, 4), (256, 1)])
 def test_cpp_unit_rows_match_python(dump, ms, ur):
     for seg in (0, 1, 5):
-        units = sch.rs_units_in_segment(ms, ur, seg)
+        units = sch.rs_row_units(ms, ur, seg)
         got = dump("rs_rows", ms, ur, seg, units)
         assert got == [[u, *sch.rs_unit_rows(ms, ur, seg, u)] for u in range(units)]
+
+
+@pytest.mark.parametrize("ms,ur,n,tn,gt", [(100, 8, 1000, 256, 2), (1024, 8, 8192, 256, 16), (7, 4, 64, 64, 1),
+                                           (300, 64, 4096, 128, 5)])
+def test_cpp_units_match_python(dump, ms, ur, n, tn, gt):
+    units = sch.rs_units(ms, ur, 128, n, tn, gt)
+    for seg in (0, 2):
+        got = dump("rs_unit", ms, ur, n, tn, gt, seg, units.count(seg))
+        assert got == [[u, *units.rect(seg, u)] for u in range(units.count(seg))]
 
 
 def test_cpp_chunks(dump):
@@ -210,25 +283,26 @@ def test_cpp_chunks(dump):
 
 
 @pytest.mark.parametrize("world,L", [(2, 2), (4, 4), (8, 4), (4, 1)])
-def test_rs_tail_split(world, L):
-    """The last M-tiles' items move to the tail plan (launched after the GEMM), nothing lost or duplicated, NODE_SUMs
+@pytest.mark.parametrize("sw,gt", [(1, None), (2, 2)])
+def test_rs_tail_split(world, L, sw, gt):
+    """The last pieces' items move to the tail plan (launched after the GEMM), nothing lost or duplicated, NODE_SUMs
     before FINALs in every tail block."""
-    ms, ur, tm = 512, 16, 128
+    ms, ur, tm, n, tn = 512, 16, 128, 1024, 256
     m = ms * world
+    units = sch.rs_units(ms, ur, tm, n, tn, gt)
     for pe in range(world):
-        plan = sch.rs_plan(pe, world, L, m, ur, tm, blocks=3)
-        order = sch.rs_tile_order(pe, world, L, m, tm)
-        main, tail = sch.rs_split_tail(plan, order, 3, ms, ur, tm, tail_blocks=5)
+        comp = sch.rs_completion(sch.rs_tile_order(pe, world, L, m, tm), units.tiles_n, 2, sw, units.group_tiles)
+        plan = sch.rs_plan(pe, world, L, m, units, blocks=3, completion=comp)
+        main, tail = sch.rs_split_tail(plan, comp, 3, units, tail_blocks=5)
         everything = sorted(it for b in plan for it in b)
         assert sorted(it for b in main + tail for it in b) == everything
-        last = set(order[-3:])
-        tile = lambda it: sch.rs_unit_rows(ms, ur, it.seg, it.unit)[0] // tm  # noqa: E731
-        assert all(tile(it) in last for b in tail for it in b)
-        assert all(tile(it) not in last for b in main for it in b)
+        last = set(comp[-3:])
+        assert all(units.piece(it.seg, it.unit) in last for b in tail for it in b)
+        assert all(units.piece(it.seg, it.unit) not in last for b in main for it in b)
         for b in tail:
             ops = [it.op for it in b]
             assert ops == sorted(ops)
-        assert sch.rs_split_tail(plan, order, 0, ms, ur, tm, 5) == (plan, [])
+        assert sch.rs_split_tail(plan, comp, 0, units, 5) == (plan, [])
 
 
 def test_plan_tensors_pad_to_cluster_multiple():

@@ -51,19 +51,20 @@ class AgArgs(ctypes.Structure):
 
 class RsArgs(ctypes.Structure):
     _fields_ = [("ctx", Ctx), ("src", c_ptr), ("partial", c_ptr), ("stage", c_ptr), ("recv", c_ptr),
-                ("recv_sig", c_ptr), ("out", c_ptr), ("bias", c_ptr), ("rows_ready", c_ptr),
+                ("recv_sig", c_ptr), ("out", c_ptr), ("bias", c_ptr), ("tile_ready", c_ptr),
                 ("seen", c_ptr), ("bar", c_ptr), ("done", c_ptr), ("exits", c_ptr), ("epoch", c_ptr),
                 ("items", c_ptr), ("block_begin", c_ptr), ("m", c_i64), ("n", c_i64), ("rows_per_shard", c_i64),
-                ("tile_m", c_i32), ("tiles_n", c_i32), ("unit_rows", c_i32), ("node_size", c_i32),
-                ("max_tiles_m", c_i32), ("max_units", c_i32), ("flags", c_i32), ("pad_", c_i32), ("pace", Pace)]
+                ("tile_m", c_i32), ("tile_n", c_i32), ("tiles_n", c_i32), ("group_tiles", c_i32),
+                ("unit_rows", c_i32), ("node_size", c_i32), ("max_tiles_m", c_i32), ("max_units", c_i32),
+                ("flags", c_i32), ("pad_", c_i32), ("pace", Pace)]
 
 
-RS_EXTEND_COUNTERS, RS_SIGNAL_DONE = 1, 2  # RsArgs.flags (csrc/collectives.cu)
+RS_SIGNAL_DONE = 2  # RsArgs.flags (csrc/collectives.cu)
 
 
 # Error sites (fs::Site) for messages, and a hint at the usual cause.
 SITES = {1: "barrier arrival slot of PE", 2: "all-gather chunk flag (source PE * chunks + chunk)",
-         3: "GEMM rows-ready counter (epilogue: M-tile; reduce: PE * M-tiles + M-tile)",
+         3: "GEMM tile-ready word (PE * tiles + M-tile * N-tiles + N-tile)",
          4: "reduce-scatter receive signal (node * units + unit)",
          5: "reduce-scatter done slot of PE",
          6: "all-gather start gate (the blocks of this PE's gather kernel that have started)",

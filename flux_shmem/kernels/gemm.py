@@ -57,9 +57,8 @@ class FsAgGemmArgs(ctypes.Structure):
 
 class FsGemmRsArgs(ctypes.Structure):
     _fields_ = [("m", c_i64), ("n", c_i64), ("k", c_i64), ("a", c_ptr), ("b", c_ptr), ("d", c_ptr), ("bias", c_ptr),
-                ("sm_count", c_i32), ("device_id", c_i32), ("rows_ready", c_ptr), ("bar", c_ptr),
-                ("group_first", c_i32), ("group_size", c_i32), ("epoch", c_ptr), ("m_tile_order", c_ptr),
-                ("swizzle", c_i32), ("pad_", c_i32), ("ctx", FsCtx)] + _TAIL
+                ("sm_count", c_i32), ("device_id", c_i32), ("tile_ready", c_ptr), ("epoch", c_ptr),
+                ("m_tile_order", c_ptr), ("swizzle", c_i32), ("pad_", c_i32), ("ctx", FsCtx)] + _TAIL
 
 
 ABI_STRUCTS = {"FsCtx": FsCtx, "FsLaunch": FsLaunch, "FsAgGemmArgs": FsAgGemmArgs, "FsGemmRsArgs": FsGemmRsArgs}
@@ -82,7 +81,7 @@ def uses_pdl(args: "GemmArgs") -> bool:
         return False
     if isinstance(args, FsAgGemmArgs):
         return not args.wait
-    return not args.rows_ready
+    return not args.tile_ready
 
 
 def kernel_name(family: str, dtype_name: str, b_layout: str) -> str:
@@ -205,8 +204,8 @@ class GemmHost:
         return n
 
     def tiles(self, m: int, n: int) -> tuple[int, int]:
-        """(tiles_m, tiles_n) of an M x N output: the length of `m_tile_order` and the rows_ready increments per
-        M-tile and call (gemm_rs)."""
+        """(tiles_m, tiles_n) of an M x N output: the length of `m_tile_order`, and the tile_ready words the
+        gemm_rs epilogue sets (tiles_m * tiles_n)."""
         tm, tn = self.tile_shape
         return (m + tm - 1) // tm, (n + tn - 1) // tn
 

@@ -45,8 +45,9 @@ class CallPlan:
     order: Optional[torch.Tensor]   # M-tile order table of the fused path
     predicted: Optional[simulate.Result]
     reason: str
-    tail_tiles: int = 0             # GEMM+RS: M-tiles reduced after the GEMM, on tail_blocks blocks
-    tail_blocks: int = 0
+    tail: int = 0                   # GEMM+RS: (M-tile, column group) pieces reduced after the GEMM, on
+    tail_blocks: int = 0            # tail_blocks blocks
+    group_tiles: int = 0            # GEMM+RS: reduce units' width in N-tiles (0: whole rows)
     gemm: Optional[kconfig.Choice] = None  # the GEMM kernel configuration and K split of the path taken
 
     @property
@@ -57,7 +58,8 @@ class CallPlan:
         p = self.predicted
         model = "" if p is None else (f", predicted fused {p.fused_us:.0f} us vs decomposed {p.decomposed_us:.0f} "
                                       f"us ({100 * p.hidden:.0f}% of {p.comm_us:.0f} us comm hidden)")
-        tail = f", tail {self.tail_tiles} M-tiles on {self.tail_blocks} blocks" if self.tail_tiles else ""
+        tail = f", tail {self.tail} pieces on {self.tail_blocks} blocks" if self.tail else ""
+        tail += f", reduce units {self.group_tiles} N-tiles wide" if self.group_tiles else ""
         gemm = "" if self.gemm is None else f", gemm {self.gemm.config} split={self.gemm.split} ({self.gemm.source})"
         return (f"{self.path} (engine={self.engine}, comm_blocks={self.comm_blocks}, gemm_sms={self.gemm_sms}, "
                 f"swizzle={self.swizzle}{tail}{gemm}"
@@ -200,7 +202,7 @@ class FusedGEMM:
                 order = torch.tensor(r.detail["order"][rt.rank], dtype=torch.int32, device=f"cuda:{rt.device}")
                 if path == "fused":
                     plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why,
-                                    sp.tail_tiles, sp.tail_blocks, gemm=fused)
+                                    sp.tail, sp.tail_blocks, sp.group_tiles, gemm=fused)
                 else:
                     plan = CallPlan(path, "sm", sp.comm_blocks, self.sms, plain.swizzle, None, r, why, gemm=plain)
         self._plans[key] = plan

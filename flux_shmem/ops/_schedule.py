@@ -15,16 +15,20 @@ the order the data lands.
 
 Reduce-scatter (GEMM+RS): the PEs of a node compute in one common order: other nodes' segments first (so each
 node-level sum is complete early and its network put starts while the GEMM runs), then their own node's, every
-phase interleaved by M-tile (tile t of every segment, then tile t + 1). An M-tile of a segment is therefore done
-on all node peers at about the same time, and the segment's reducer sums the node's partials of it right then, in
+phase interleaved by M-tile (tile t of every segment, then tile t + 1). A tile of a segment is therefore done on
+all node peers at about the same time, and the segment's reducer sums the node's partials of it right then, in
 one pass (L reads, one write, fp32 in registers): segments complete steadily through the GEMM, and what is left
-after it is the reduction of its last wave. (Holding partial sums in a buffer until a PE's own tile is ready, the
+after it is the reduction of its last wave. Units are rows x a group of N-tiles (`RsUnits`) and wait only for the
+tiles under them; with a GEMM swizzle of several cluster rows (tile t of several segments side by side), each wave
+completes a column group of as many owners' rows, so the last wave's reductions are spread over the PEs rather
+than left to the owners of its few M-tiles. (Holding partial sums in a buffer until a PE's own tile is ready, the
 alternative, costs 8 bytes of memory traffic per element per step: measured too slow for the few SMs the comm
 kernel may take.)
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+import dataclasses
+from typing import NamedTuple, Optional, Sequence
 
 # ------------------------------------------------------------------------------------------------------------
 # All-gather
@@ -171,22 +175,118 @@ def default_unit_rows(cols: int, elem: int, tile_m: int = 128) -> int:
     return rows
 
 
-def rs_unit_rows(ms: int, unit_rows: int, seg: int, u: int) -> tuple[int, int]:
-    """Global rows [lo, hi) of unit u of segment seg: segments cut at multiples of unit_rows (which divides the
+def rs_unit_rows(ms: int, unit_rows: int, seg: int, r: int) -> tuple[int, int]:
+    """Global rows [lo, hi) of row unit r of segment seg: segments cut at multiples of unit_rows (which divides the
     GEMM tile height, so a unit never spans two M-tiles)."""
     seg_lo, seg_hi = seg * ms, (seg + 1) * ms
-    a = (seg_lo // unit_rows + u) * unit_rows
+    a = (seg_lo // unit_rows + r) * unit_rows
     return max(a, seg_lo), min(a + unit_rows, seg_hi)
 
 
-def rs_units_in_segment(ms: int, unit_rows: int, seg: int) -> int:
+def rs_row_units(ms: int, unit_rows: int, seg: int) -> int:
     lo, hi = seg * ms, (seg + 1) * ms
     return -(-hi // unit_rows) - lo // unit_rows
 
 
-def rs_max_units(ms: int, unit_rows: int) -> int:
-    """Receive-signal slots per node: an upper bound of units per segment (any segment)."""
-    return ms // unit_rows + 2
+def rs_max_units(ms: int, unit_rows: int, groups: int = 1) -> int:
+    """Receive-signal slots per node: an upper bound of units per segment (any segment) with up to `groups` column
+    groups."""
+    return (ms // unit_rows + 2) * groups
+
+
+class RsRect(NamedTuple):
+    lo: int     # global rows [lo, hi)
+    hi: int
+    c0: int     # columns [c0, c1)
+    c1: int
+    slot: int   # element offset of the unit's node partial (packed rows x (c1 - c0)) in its segment's [ms, n] slot
+
+
+@dataclasses.dataclass(frozen=True)
+class RsUnits:
+    """How one reduce-scatter call cuts the segments (ms rows each, n columns) into units of work: rows in units of
+    unit_rows (inside one M-tile of tile_m rows), columns in groups of group_tiles N-tiles of tile_n columns (the
+    last group narrower). Unit u of a segment is row unit u // groups, column group u % groups.
+
+    The GEMM marks each of its (M-tile, N-tile) tiles done, and a unit waits only for the tiles under it: with
+    narrow groups a unit can be reduced before its whole M-tile row is done (the standalone op: tile_n = n, one
+    group). csrc comm_schedule.cuh rs_unit is the C++ twin. Made by `rs_units`, which checks the fields."""
+
+    ms: int
+    unit_rows: int
+    tile_m: int
+    n: int
+    tile_n: int
+    group_tiles: int
+    tiles_n: int = dataclasses.field(init=False)
+    groups: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tiles_n", -(-self.n // self.tile_n))
+        object.__setattr__(self, "groups", -(-self.tiles_n // self.group_tiles))
+
+    def count(self, seg: int) -> int:
+        return rs_row_units(self.ms, self.unit_rows, seg) * self.groups
+
+    def rect(self, seg: int, u: int) -> RsRect:
+        lo, hi = rs_unit_rows(self.ms, self.unit_rows, seg, u // self.groups)
+        c0 = u % self.groups * self.group_tiles * self.tile_n
+        c1 = min(self.n, c0 + self.group_tiles * self.tile_n)
+        return RsRect(lo, hi, c0, c1, (lo - seg * self.ms) * self.n + (hi - lo) * c0)
+
+    def piece(self, seg: int, u: int) -> tuple[int, int]:
+        """(M-tile, column group) whose GEMM tiles unit u of segment seg waits for."""
+        return rs_unit_rows(self.ms, self.unit_rows, seg, u // self.groups)[0] // self.tile_m, u % self.groups
+
+
+def rs_units(ms: int, unit_rows: int, tile_m: int, n: int, tile_n: Optional[int] = None,
+             group_tiles: Optional[int] = None) -> RsUnits:
+    """RsUnits, checked; tile_n None: one N-tile (the standalone op); group_tiles None: whole rows."""
+    tile_n = n if tile_n is None else tile_n
+    if min(ms, unit_rows, tile_m, n, tile_n) < 1 or tile_m % unit_rows:
+        raise ValueError(f"bad reduce-scatter units: ms={ms}, unit_rows={unit_rows} (must divide tile_m={tile_m}), "
+                         f"n={n}, tile_n={tile_n}")
+    tiles_n = -(-n // tile_n)
+    gt = tiles_n if group_tiles is None else group_tiles
+    if not 1 <= gt <= tiles_n:
+        raise ValueError(f"group_tiles={group_tiles} must be 1..{tiles_n} (the N-tiles of n={n})")
+    return RsUnits(ms, unit_rows, tile_m, n, tile_n, gt)
+
+
+def gemm_items(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int) -> list[tuple[int, int]]:
+    """The persistent GEMM's work items in the order its scheduler hands them out, as (cluster row, N-tile): item w
+    is in group w // (S * tiles_n) of S cluster rows, walked along N, rows fastest (csrc gemm_ext.cuh
+    OrderedTileScheduler; cluster c of C takes items c, c + C, ..., so items complete about in this order)."""
+    if min(tiles_m, tiles_n, cluster_m) < 1:
+        raise ValueError(f"bad GEMM geometry: tiles {tiles_m}x{tiles_n}, cluster_m={cluster_m}")
+    rows = -(-tiles_m // cluster_m)
+    S = max(1, min(swizzle, rows))
+    out = []
+    for w in range(rows * tiles_n):
+        g, idx = divmod(w, S * tiles_n)
+        nrows = min(S, rows - g * S)
+        out.append((g * S + idx % nrows, idx // nrows))
+    return out
+
+
+def rs_piece_items(order: Sequence[int], tiles_n: int, cluster_m: int, swizzle: int,
+                   group_tiles: int) -> dict[tuple[int, int], int]:
+    """For each (M-tile, column group) piece, the index of the last work item (`gemm_items`) that writes one of its
+    tiles, for a GEMM with M-tile order table `order`."""
+    last: dict[tuple[int, int], int] = {}
+    for w, (row, nt) in enumerate(gemm_items(len(order), tiles_n, cluster_m, swizzle)):
+        for i in range(row * cluster_m, min(len(order), (row + 1) * cluster_m)):
+            last[(order[i], nt // group_tiles)] = w
+    return last
+
+
+def rs_completion(order: Sequence[int], tiles_n: int, cluster_m: int, swizzle: int,
+                  group_tiles: int) -> list[tuple[int, int]]:
+    """(M-tile, column group) pieces in the order the GEMM (M-tile order table `order`, `swizzle`) completes them:
+    by the last work item that writes one of the piece's tiles, ties in order-table position then group."""
+    pos = {t: i for i, t in enumerate(order)}
+    last = rs_piece_items(order, tiles_n, cluster_m, swizzle, group_tiles)
+    return sorted(last, key=lambda p: (last[p], pos[p[0]], p[1]))
 
 
 COPY, NODE_SUM, FINAL = 0, 1, 2  # csrc/collectives.cu RsOp
@@ -199,39 +299,42 @@ class RsItem(NamedTuple):
     unit: int    # unit index inside the segment; COPY: copy unit over all M rows
 
 
-def rs_items(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m: int,
-             copy_rows: int = 0) -> list[tuple[RsItem, int]]:
+def rs_items(me: int, world: int, node_size: int, m: int, units: RsUnits, copy_rows: int = 0,
+             completion: Optional[Sequence[tuple[int, int]]] = None) -> list[tuple[RsItem, int]]:
     """PE `me`'s reduce-scatter work as (item, affinity) in issue order; an item with affinity a >= 0 must run after
     item a of this list in the same thread block. copy_rows > 0: the standalone op, which first copies its
-    [copy_rows, N] input into its symmetric addend in units of unit_rows rows.
+    [copy_rows, N] input into its symmetric addend in units of unit_rows rows. `completion`: the (M-tile, group)
+    pieces in the order the GEMM completes them (rs_completion; default: M-tiles in rs_tile_order, whole rows).
 
       NODE_SUM(s, u)  every segment s with my local index (every node's): sum my node's partials of the unit, in
-                      the order the GEMM completes its M-tile; one node: the result; else the node partial, sent to
+                      the order the GEMM completes its piece; one node: the result; else the node partial, sent to
                       PE s (kept in my receive slot when s is mine)
       FINAL(s, u)     s = me, several nodes: sum the node partials in node order (after my NODE_SUM of the unit)
     """
     L, nodes, n, l = _topo(me, world, node_size)
-    if m <= 0 or m % world or unit_rows <= 0 or tile_m % unit_rows:
-        raise ValueError(f"m={m} (a positive multiple of world={world}), unit_rows={unit_rows} (dividing "
-                         f"tile_m={tile_m}) are required")
-    ms = m // world
+    if m <= 0 or m % world or units.ms != m // world:
+        raise ValueError(f"m={m} must be a positive multiple of world={world}, with units of {m // world}-row "
+                         f"segments (got {units.ms})")
     out: list[tuple[RsItem, int]] = []
     if copy_rows:
-        out += [(RsItem(COPY, -1, cu), -1) for cu in range(-(-copy_rows // unit_rows))]
-    pos = {t: i for i, t in enumerate(rs_tile_order(me, world, node_size, m, tile_m))}
+        out += [(RsItem(COPY, -1, cu), -1) for cu in range(-(-copy_rows // units.unit_rows))]
+    if completion is None:
+        completion = rs_completion(rs_tile_order(me, world, node_size, m, units.tile_m), units.tiles_n, 1, 1,
+                                   units.group_tiles)
+    rank = {p: i for i, p in enumerate(completion)}
     mine = [s for s in sum(rs_segment_phases(me, world, node_size), []) if s % L == l]
-    sums = [RsItem(NODE_SUM, s, u) for s in mine for u in range(rs_units_in_segment(ms, unit_rows, s))]
-    sums.sort(key=lambda it: (pos[rs_unit_rows(ms, unit_rows, it.seg, it.unit)[0] // tile_m], it.seg, it.unit))
+    sums = [RsItem(NODE_SUM, s, u) for s in mine for u in range(units.count(s))]
+    sums.sort(key=lambda it: (rank[units.piece(it.seg, it.unit)], it.seg, it.unit))
     first = len(out)
     out += [(it, -1) for it in sums]
     if nodes > 1:
         at = {it.unit: first + i for i, it in enumerate(sums) if it.seg == me}
-        out += [(RsItem(FINAL, me, u), at[u]) for u in range(rs_units_in_segment(ms, unit_rows, me))]
+        out += [(RsItem(FINAL, me, u), at[u]) for u in range(units.count(me))]
     return out
 
 
-def rs_plan(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m: int, blocks: int,
-            copy_rows: int = 0) -> list[list[RsItem]]:
+def rs_plan(me: int, world: int, node_size: int, m: int, units: RsUnits, blocks: int, copy_rows: int = 0,
+            completion: Optional[Sequence[tuple[int, int]]] = None) -> list[list[RsItem]]:
     """The reduce-scatter kernel's work per thread block: items round-robin in issue order, an item with affinity
     on the block of the item it follows (FINAL items come after every NODE_SUM of a block, so no block waits on
     an item behind it)."""
@@ -240,7 +343,7 @@ def rs_plan(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m:
     per: list[list[RsItem]] = [[] for _ in range(blocks)]
     block_of: list[int] = []
     rr = 0
-    for item, aff in rs_items(me, world, node_size, m, unit_rows, tile_m, copy_rows):
+    for item, aff in rs_items(me, world, node_size, m, units, copy_rows, completion):
         b = block_of[aff] if aff >= 0 else rr % blocks
         rr += aff < 0
         per[b].append(item)
@@ -248,21 +351,21 @@ def rs_plan(me: int, world: int, node_size: int, m: int, unit_rows: int, tile_m:
     return per
 
 
-def rs_split_tail(per_block: list[list[RsItem]], order: list[int], tail_tiles: int, ms: int, unit_rows: int,
-                  tile_m: int, tail_blocks: int) -> tuple[list[list[RsItem]], list[list[RsItem]]]:
-    """Move the items of the last `tail_tiles` M-tiles of the GEMM `order` out of a reduce plan into a second one of
-    `tail_blocks` blocks, which a fused call launches after the GEMM, when every SM is free again: the reduction of
-    the GEMM's last wave then runs wide instead of on the few blocks that ran beside the GEMM. Items keep their
-    order in either plan (round-robin in the tail)."""
-    tail = set(order[len(order) - tail_tiles:]) if tail_tiles > 0 else set()
-    if not tail:
+def rs_split_tail(per_block: list[list[RsItem]], completion: Sequence[tuple[int, int]], tail: int, units: RsUnits,
+                  tail_blocks: int) -> tuple[list[list[RsItem]], list[list[RsItem]]]:
+    """Move the items of the last `tail` pieces of the GEMM's `completion` order out of a reduce plan into a second
+    one of `tail_blocks` blocks, which a fused call launches after the GEMM, when every SM is free again: the
+    reduction of the GEMM's last wave then runs wide instead of on the few blocks that ran beside the GEMM. Items
+    keep their order in either plan (round-robin in the tail)."""
+    last = {p: i for i, p in enumerate(completion[len(completion) - tail:])} if tail > 0 else {}
+    if not last:
         return per_block, []
 
-    def tile_of(it: RsItem) -> int:
-        return rs_unit_rows(ms, unit_rows, it.seg, it.unit)[0] // tile_m
-    main = [[it for it in b if it.op == COPY or tile_of(it) not in tail] for b in per_block]
-    moved = [it for b in per_block for it in b if it.op != COPY and tile_of(it) in tail]
-    moved.sort(key=lambda it: (it.op, order.index(tile_of(it)), it.seg, it.unit))  # NODE_SUMs, then FINALs
+    def piece(it: RsItem):
+        return units.piece(it.seg, it.unit)
+    main = [[it for it in b if it.op == COPY or piece(it) not in last] for b in per_block]
+    moved = [it for b in per_block for it in b if it.op != COPY and piece(it) in last]
+    moved.sort(key=lambda it: (it.op, last[piece(it)], it.seg, it.unit))  # NODE_SUMs, then FINALs
     return main, round_robin(moved, tail_blocks) if moved else []
 
 

@@ -1,12 +1,14 @@
 """GEMMReduceScatter: out = reduce_scatter(a @ b, dim=0), the reduction hidden behind the GEMM.
 
-The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symmetric buffer and counts finished
-tiles per M-tile; the reduce-scatter engine (csrc/collectives.cu), started on a side stream with a few SMs once
-every GEMM CTA runs, sums each unit of rows as soon as the node's PEs have finished it (NVLink loads), and across
-nodes sends node partials by put-with-signal. The PEs of a node compute in a common order
-(`_schedule.rs_tile_order`: other nodes' segments, then their own node's interleaved by M-tile, each PE its own
-segment last), so reductions run through the whole GEMM; the units of the GEMM's last wave are reduced after it
-by a wide tail kernel (each still reads every node peer's partial of those rows: the cost that is left).
+The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symmetric buffer and marks each
+finished tile; the reduce-scatter engine (csrc/collectives.cu), started on a side stream with a few SMs once every
+GEMM CTA runs, sums each unit (rows x a group of N-tiles) as soon as the node's PEs have finished the tiles under
+it (NVLink loads), and across nodes sends node partials by put-with-signal. The PEs of a node compute in a common
+order (`_schedule.rs_tile_order`: other nodes' segments, then their own node's interleaved by M-tile), so
+reductions run through the whole GEMM. What is left after the GEMM is the reduction of its last wave: the planner
+(`simulate.plan_gemm_rs`) may walk swizzle groups of several M-tiles (several owners' segments) with units a part
+of a row wide, so that each wave completes a part of every owner's rows and the last wave's reductions are shared
+by as many PEs, and may hand the last wave's units to a wide tail kernel launched after the GEMM.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ class GEMMReduceScatter(FusedGEMM):
         # Fires once every GEMM CTA runs; the reduce kernel follows it, so its blocks stay off the GEMM's SMs.
         self.gemm_started = kmodule.StartEvent() if self.guarded else None
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
-                                   comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS))
+                                   comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS),
+                                   tile_n=registry.get(self.configs[0]).tile_n, cluster_m=self.cluster_m)
 
     def __repr__(self) -> str:
         return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
@@ -79,12 +82,10 @@ class GEMMReduceScatter(FusedGEMM):
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
               sm_count: int, order: torch.Tensor | None, swizzle: int, choice, started=None) -> None:
         rt, eng = self.rt, self.engine
-        # group_size 0: the kernel's wait for its node's arrivals is off; every path runs a barrier before it.
         args = kgemm.FsGemmRsArgs(
             m=m, n=self.n, k=self.k, a=a.data_ptr(), b=b.data_ptr(), d=d_ptr,
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
-            rows_ready=eng.rows_ready.data_ptr() if counters else 0, bar=eng.sync.bar.data_ptr(),
-            group_first=0, group_size=0, epoch=eng.sync.epoch.data_ptr(),
+            tile_ready=eng.tile_ready.data_ptr() if counters else 0, epoch=eng.sync.epoch.data_ptr(),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
             splits=choice.split)
         self.kernel(layout, choice.config).launch(args, started=started)
@@ -102,7 +103,6 @@ class GEMMReduceScatter(FusedGEMM):
         out = torch.empty((m // rt.world_size, self.n), dtype=self.dtype, device=a.device)
         main = torch.cuda.current_stream()
         plan = self.call_plan(m, layout)
-        tiles_n = -(-self.n // registry.get(plan.config).tile_n)  # the reduce engine counts the GEMM's tiles
         trace = stall.begin("GEMMReduceScatter")
         eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my partial
         if trace is not None:
@@ -112,32 +112,32 @@ class GEMMReduceScatter(FusedGEMM):
             # the reduce kernel starts once all GEMM CTAs run. Seen 2026-12-03 with the reduce kernel first and the
             # GEMM waiting for its arrival signal: PEs sharing a GPU under MPS whose GEMMs never got SMs.
             self.comm_stream.wait_stream(main)
-            tail = dict(tail_tiles=plan.tail_tiles, tail_blocks=plan.tail_blocks)
+            # The reduce plan follows the order in which this GEMM (tile order, swizzle) completes its pieces.
+            shape = dict(swizzle=plan.swizzle, group_tiles=plan.group_tiles or None, tail=plan.tail,
+                         tail_blocks=plan.tail_blocks)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
                        order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.gemm_started)
             if trace is not None:
                 trace.stage(f"fused GEMM ({plan.gemm_sms} CTAs) finished", main, "main")
             if self.gemm_started is not None:
                 self.gemm_started.wait(self.comm_stream)
-            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=self.comm_stream,
-                       blocks=plan.comm_blocks, **tail)
+            eng.launch(m, out, src=None, bias=bias, stream=self.comm_stream, blocks=plan.comm_blocks, **shape)
             if trace is not None:
                 trace.stage(f"reduce kernel ({plan.comm_blocks} blocks) finished", self.comm_stream, "comm")
             # The last wave's reductions, on every SM the GEMM just left.
-            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main, blocks=plan.comm_blocks,
-                       part="tail", **tail)
+            eng.launch(m, out, src=None, bias=bias, stream=main, blocks=plan.comm_blocks, part="tail", **shape)
             main.wait_stream(self.comm_stream)
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)
         else:
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
                        order=None, swizzle=plan.swizzle, choice=plan.gemm)
-            eng.launch(m, out, src=None, bias=bias, tiles_n=tiles_n, stream=main)
+            eng.launch(m, out, src=None, bias=bias, stream=main)
         eng.sync.bump(main)
         if trace is not None:
             trace.stage("call done (epoch bumped)", main, "main")
             for label, t in (("epoch", eng.sync.epoch), ("barrier slots", eng.sync.bar),
-                             ("M-tile counters", eng.rows_ready)):
+                             ("tile-ready words", eng.tile_ready)):
                 trace.word(label, t)
         return out
 

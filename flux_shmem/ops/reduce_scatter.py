@@ -12,81 +12,96 @@ from ..kernels import abi
 from ..kernels.module import load
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
-from ._schedule import default_unit_rows, plan_tensors, rs_max_units, rs_plan, rs_split_tail, rs_tile_order
+from ._schedule import (default_unit_rows, plan_tensors, rs_completion, rs_max_units, rs_plan, rs_split_tail,
+                        rs_tile_order, rs_units)
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 class ReduceEngine:
-    """Buffers and launch of the reduce-scatter kernel, shared by ReduceScatter and GEMMReduceScatter."""
+    """Buffers and launch of the reduce-scatter kernel, shared by ReduceScatter and GEMMReduceScatter.
+
+    The addend is written in tiles of tile_m x tile_n (GEMMReduceScatter: its GEMM's tiles, walked by clusters of
+    cluster_m CTAs; the standalone op: unit_rows x cols, copied by the kernel itself), each marked ready in
+    `tile_ready`; a call's units (`_schedule.RsUnits`: unit_rows rows x group_tiles N-tiles) wait for the tiles
+    under them."""
 
     def __init__(self, rt: Runtime, max_rows: int, cols: int, dtype: torch.dtype, *, unit_rows: int,
-                 tile_m: int, comm_blocks: int):
+                 tile_m: int, comm_blocks: int, tile_n: int | None = None, cluster_m: int = 1):
         W, L = rt.world_size, rt.node_size
         if tile_m % unit_rows:
             raise ValueError(f"unit_rows={unit_rows} must divide the tile height {tile_m}")
+        if unit_rows * cols >= 2 ** 31:
+            raise ValueError(f"unit_rows={unit_rows} x cols={cols} is too large for one unit: lower unit_rows")
         self.rt, self.cols, self.dtype = rt, cols, dtype
         self.unit_rows, self.tile_m, self.comm_blocks = unit_rows, tile_m, comm_blocks
+        self.tile_n, self.cluster_m = tile_n or cols, cluster_m
+        self.tiles_n = -(-cols // self.tile_n)
         self.nodes = W // L
         max_seg = -(-max_rows // W)
-        self.max_units = rs_max_units(max_seg, unit_rows)
+        self.max_units = rs_max_units(max_seg, unit_rows, self.tiles_n)  # (at most tiles_n column groups)
         self.partial = symmetric.empty((max_rows, cols), dtype)
         two_level = self.nodes > 1
         # Node partials only exist with more than one node; keep the allocations symmetric either way.
         self.stage = symmetric.empty((self.nodes * max_seg if two_level else 1, cols), dtype)
         self.recv = symmetric.empty((self.nodes * max_seg if two_level else 1, cols), dtype)
         self.recv_sig = symmetric.zeros((self.nodes * self.max_units,), torch.int64)
-        self.rows_ready = symmetric.zeros((-(-max_rows // tile_m),), torch.int64)
+        self.max_tiles_m = -(-max_rows // tile_m)
+        self.tile_ready = symmetric.zeros((self.max_tiles_m * self.tiles_n,), torch.int64)
         self.done = symmetric.zeros((W,), torch.int64)
         self.sync = signals.SyncState(rt)
         dev = f"cuda:{rt.device}"
-        self.seen = torch.zeros((W * self.rows_ready.numel(),), dtype=torch.int64, device=dev)
+        self.seen = torch.zeros((W * self.tile_ready.numel(),), dtype=torch.int64, device=dev)
         self.exits = torch.zeros(2, dtype=torch.int64, device=dev)
         self._kernel = load("collectives").kernel(f"fs_reduce_scatter_{_DTYPES[dtype]}")
         self._wait_done = load("collectives").kernel("fs_wait_done")
         self._plans: dict[tuple, tuple] = {}
         self.pace = pacing.pace(rt.device)
 
-    def plan(self, rows: int, blocks: int, standalone: bool, tail_tiles: int = 0, tail_blocks: int = 0) -> tuple:
-        """Device tables of `rs_plan` for `rows` rows on `blocks` blocks (cached), and of its tail (the last
-        `tail_tiles` M-tiles of the GEMM's order, on `tail_blocks` blocks; None without one): each (items,
-        offsets, blocks that have work)."""
-        key = (rows, blocks, standalone, tail_tiles, tail_blocks)
+    def plan(self, rows: int, blocks: int, standalone: bool, swizzle: int = 1, group_tiles: int | None = None,
+             tail: int = 0, tail_blocks: int = 0) -> tuple:
+        """Device tables of `rs_plan` for `rows` rows on `blocks` blocks, its units `group_tiles` N-tiles wide (None:
+        whole rows) in the order a GEMM with `swizzle` completes them (cached), and of its tail (the last `tail`
+        pieces that GEMM completes, on `tail_blocks` blocks; None without one): each (items, offsets, blocks that
+        have work); and the units."""
+        key = (rows, blocks, standalone, swizzle, group_tiles, tail, tail_blocks)
         if key not in self._plans:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             W, L = rt.world_size, rt.node_size
-            per_block = rs_plan(rt.rank, W, L, rows, self.unit_rows, self.tile_m, blocks,
-                                copy_rows=rows if standalone else 0)
-            order = rs_tile_order(rt.rank, W, L, rows, self.tile_m)
-            main, tail = rs_split_tail(per_block, order, tail_tiles, rows // W, self.unit_rows, self.tile_m,
-                                       max(1, tail_blocks))
+            units = rs_units(rows // W, self.unit_rows, self.tile_m, self.cols, self.tile_n, group_tiles)
+            completion = rs_completion(rs_tile_order(rt.rank, W, L, rows, self.tile_m), self.tiles_n, self.cluster_m,
+                                       swizzle, units.group_tiles)
+            per_block = rs_plan(rt.rank, W, L, rows, units, blocks, copy_rows=rows if standalone else 0,
+                                completion=completion)
+            main, tail_plan = rs_split_tail(per_block, completion, tail, units, max(1, tail_blocks))
             dev = f"cuda:{rt.device}"
-            self._plans[key] = (plan_tensors(main, dev), plan_tensors(tail, dev) if tail else None)
+            self._plans[key] = (plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units)
         return self._plans[key]
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
-               tiles_n: int, stream=None, blocks: int | None = None, tail_tiles: int = 0, tail_blocks: int = 0,
-               part: str = "main") -> None:
+               stream=None, blocks: int | None = None, swizzle: int = 1, group_tiles: int | None = None,
+               tail: int = 0, tail_blocks: int = 0, part: str = "main") -> None:
         """Launch the reduce kernel's `part` of the plan: 'main' (everything, or everything but the tail) or
         'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer."""
         W, L = self.rt.world_size, self.rt.node_size
-        main, tail = self.plan(rows, blocks or self.comm_blocks, src is not None, tail_tiles, tail_blocks)
-        if part == "tail" and tail is None:
+        main, tail_plan, units = self.plan(rows, blocks or self.comm_blocks, src is not None, swizzle, group_tiles,
+                                           tail, tail_blocks)
+        if part == "tail" and tail_plan is None:
             return
-        items, offsets, grid = main if part == "main" else tail
-        flags = (abi.RS_EXTEND_COUNTERS if part == "main" else 0) | (abi.RS_SIGNAL_DONE if src is not None else 0)
+        items, offsets, grid = main if part == "main" else tail_plan
         args = abi.RsArgs(ctx=signals.ctx(), src=src.data_ptr() if src is not None else 0,
                           partial=self.partial.data_ptr(), stage=self.stage.data_ptr(), recv=self.recv.data_ptr(),
                           recv_sig=self.recv_sig.data_ptr(), out=out.data_ptr(),
                           bias=bias.data_ptr() if bias is not None else 0,
-                          rows_ready=self.rows_ready.data_ptr(), seen=self.seen.data_ptr(),
+                          tile_ready=self.tile_ready.data_ptr(), seen=self.seen.data_ptr(),
                           bar=self.sync.bar.data_ptr(), done=self.done.data_ptr(), exits=self.exits.data_ptr(),
                           epoch=self.sync.epoch.data_ptr(), items=items.data_ptr(), block_begin=offsets.data_ptr(),
-                          m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tiles_n=tiles_n,
-                          unit_rows=self.unit_rows, node_size=L, max_tiles_m=self.rows_ready.numel(),
-                          max_units=self.max_units, flags=flags, pace=self.pace)
+                          m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tile_n=self.tile_n,
+                          tiles_n=self.tiles_n, group_tiles=units.group_tiles, unit_rows=self.unit_rows,
+                          node_size=L, max_tiles_m=self.max_tiles_m, max_units=self.max_units,
+                          flags=abi.RS_SIGNAL_DONE if src is not None else 0, pace=self.pace)
         # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
         self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 
@@ -149,6 +164,6 @@ class ReduceScatter:
             if bias.shape[0] != self.cols:
                 raise ValueError(f"bias has {bias.shape[0]} entries, expected {self.cols}")
         out = torch.empty((rows // rt.world_size, self.cols), dtype=self.dtype, device=x.device)
-        self.engine.launch(rows, out, src=x, bias=bias, tiles_n=1)
+        self.engine.launch(rows, out, src=x, bias=bias)
         self.engine.sync.bump()
         return out

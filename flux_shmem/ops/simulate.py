@@ -21,9 +21,10 @@ share of the communication hidden, `(decomposed - fused) / comm` (benchmarks/met
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..kernels.config import swizzle_for
 from . import _schedule as sch
@@ -96,19 +97,12 @@ class Gemm:
 def gemm_work(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, sm_count: int) -> list[list[tuple[int, int]]]:
     """Per cluster of the launched grid, its work tiles in order as (row, n_tile): the cluster's CTAs take M-tile
     order entries row * cluster_m + i. The mapping of csrc gemm_ext.cuh OrderedTileScheduler: cluster c of C
-    takes items c, c + C, ...; item w is in group w // (S * tiles_n) of S cluster rows, walked along N."""
+    takes items c, c + C, ... of `_schedule.gemm_items`."""
     if min(tiles_m, tiles_n, cluster_m, sm_count) < 1:
         raise ValueError(f"bad GEMM geometry: tiles {tiles_m}x{tiles_n}, cluster_m={cluster_m}, sm_count={sm_count}")
-    rows = -(-tiles_m // cluster_m)
-    items = rows * tiles_n
-    clusters = max(1, min(sm_count // cluster_m, items))
-    S = max(1, min(swizzle, rows))
-    work: list[list[tuple[int, int]]] = [[] for _ in range(clusters)]
-    for w in range(items):
-        g, idx = divmod(w, S * tiles_n)
-        nrows = min(S, rows - g * S)
-        work[w % clusters].append((g * S + idx % nrows, idx // nrows))
-    return work
+    items = sch.gemm_items(tiles_m, tiles_n, cluster_m, swizzle)
+    clusters = max(1, min(sm_count // cluster_m, len(items)))
+    return [items[c::clusters] for c in range(clusters)]
 
 
 def run_gemm(order: list[int], tiles_n: int, g: Gemm, swizzle: int, sm_count: int,
@@ -156,6 +150,26 @@ class _Net:
             other[cls] = max(other[cls], start) + dur
             end = max(end, other[cls])
         return max(end, ready + nbytes / (rate_gbps * 1e3)) + lk.latency(cls)
+
+
+    def gather(self, reader: int, peers, nbytes: float, ready: float, rate_gbps: float) -> float:
+        """`reader` loads nbytes from each of `peers` (but itself) over NVLink, one after another on its link, all
+        ready at `ready`: `transfer` for each, inlined (the simulator's hot loop); returns when all are there."""
+        lk = self.links
+        dur = nbytes / (lk.nvlink_gbps * 1e3)
+        ing = self.ing[reader]
+        end = floor = ready + nbytes / (rate_gbps * 1e3)
+        for q in peers:
+            if q == reader:
+                continue
+            start = ready if ready > ing[0] else ing[0]
+            ing[0] = e = start + dur
+            if lk.model_ingress:
+                eg = self.eg[q]
+                eg[0] = (eg[0] if eg[0] > start else start) + dur
+                e = e if e > eg[0] else eg[0]
+            end = e if e > end else end
+        return (end if end > floor else floor) + lk.nvlink_latency_us if len(peers) > 1 else ready
 
 
 class _Events:
@@ -315,51 +329,49 @@ def simulate_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, gemm
         arr = ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, decomposed_comm_blocks or comm_blocks,
                           links, "sm")[0]
     comm = max(max(a.values()) for a in arr)
-    ident = list(range(tiles_m))
-    _, gemm_f = run_gemm(ident, tiles_n, gemm, swizzle, gemm_sms)
-    _, gemm_all = run_gemm(ident, tiles_n, gemm, swizzle, all_sms)
+    gemm_f = _gemm_us(tiles_m, tiles_n, gemm, swizzle, gemm_sms)
+    gemm_all = _gemm_us(tiles_m, tiles_n, gemm, swizzle, all_sms)
     return Result("ag_gemm", max(per_pe), comm + gemm_all + 2 * overhead_us, comm, gemm_f, gemm_all, per_pe, detail)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # GEMM + ReduceScatter
-def rs_reduce(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, tile_m: int,
-              comm_blocks: int, counter_ready: Callable[[int, int], float], links: Links = Links(),
-              start_us: float = 0.0, tail_tiles: int = 0, tail_blocks: int = 0,
+def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.RsUnits, comm_blocks: int,
+              piece_done: Callable[[int, tuple[int, int]], float], links: Links = Links(), start_us: float = 0.0,
+              completions: Optional[Sequence[list[tuple[int, int]]]] = None, tail: int = 0, tail_blocks: int = 0,
               tail_start: Optional[Callable[[int], float]] = None) -> list[float]:
-    """The reduce kernels of every PE (`rs_plan`, its tail split off by `rs_split_tail` onto `tail_blocks` blocks
-    that start at tail_start(pe), the end of that PE's GEMM), M-tile counters complete at counter_ready(pe,
-    m_tile). Returns each PE's end time."""
+    """The reduce kernels of every PE (`rs_plan` in the order PE p's GEMM completes its pieces, completions[p]
+    (None: rs_items' default), its last `tail` pieces split off by `rs_split_tail` onto `tail_blocks` blocks that
+    start at tail_start(pe), the end of that PE's GEMM); PE q's GEMM has written the tiles of piece (M-tile,
+    column group) at piece_done(q, piece). Returns each PE's end time."""
     L = node_size
     nodes = world // L
-    ms = m // world
-    row = n * elem_bytes
     net = _Net(world, links)
     ev = _Events()
     plans = []
     for p in range(world):
-        main, tail = sch.rs_split_tail(sch.rs_plan(p, world, L, m, unit_rows, tile_m, comm_blocks),
-                                       sch.rs_tile_order(p, world, L, m, tile_m), tail_tiles, ms, unit_rows,
-                                       tile_m, max(1, tail_blocks))
+        comp = completions[p] if completions is not None else None
+        main = sch.rs_plan(p, world, L, m, units, comm_blocks, completion=comp)
+        main, tail_plan = sch.rs_split_tail(main, comp or [], tail, units, max(1, tail_blocks))
         t0 = tail_start(p) if tail_start else start_us
-        plans.append(main + [[("start", t0)] + b for b in tail])
+        plans.append(main + [[("start", t0)] + b for b in tail_plan])
     local = links.local_gbps * 1e3
+    geometry: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}  # (seg, unit) -> (bytes, piece)
 
     def step(pe, it, t):
         if it[0] == "start":  # a tail block: launched after the GEMM
             return max(t, it[1]), None
-        lo, hi = sch.rs_unit_rows(ms, unit_rows, it.seg, it.unit)
-        nb = (hi - lo) * row
-        tile = lo // tile_m
+        g = geometry.get((it.seg, it.unit))
+        if g is None:
+            r = units.rect(it.seg, it.unit)
+            g = geometry[(it.seg, it.unit)] = ((r.hi - r.lo) * (r.c1 - r.c0) * elem_bytes,
+                                               units.piece(it.seg, it.unit))
+        nb, piece = g
         node = pe // L
-        peers = [node * L + q for q in range(L)]
         if it.op == sch.NODE_SUM:
-            t = max([t] + [counter_ready(q, tile) for q in peers])
-            done = t
-            for q in peers:
-                if q != pe:
-                    done = max(done, net.transfer(q, pe, 0, nb, t, links.block_gbps, pe))
-            done = max(done, t + (nb * L + nb) / local)  # L reads and one write by one block
+            t = max([t] + [piece_done(node * L + q, piece) for q in range(L)])
+            done = max(t + (nb * L + nb) / local,  # L reads and one write by one block
+                       net.gather(pe, range(node * L, node * L + L), nb, t, links.block_gbps))
             if nodes > 1:
                 if it.seg // L == node:
                     ev.set(("recv", it.seg, node, it.unit), done)
@@ -382,35 +394,58 @@ def rs_reduce(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_
 
 
 def simulate_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, gemm: Gemm, gemm_sms: int,
-                     all_sms: int, comm_blocks: int, unit_rows: int, swizzle: int = 1, elem_bytes: int = 2,
-                     links: Links = Links(), overhead_us: float = 0.0,
-                     decomposed_comm_blocks: Optional[int] = None, tail_tiles: int = 0,
+                     all_sms: int, comm_blocks: int, unit_rows: int, swizzle: int = 1,
+                     group_tiles: Optional[int] = None, elem_bytes: int = 2, links: Links = Links(),
+                     overhead_us: float = 0.0, decomposed_comm_blocks: Optional[int] = None, tail: int = 0,
                      tail_blocks: int = 0) -> Result:
-    """GEMM+ReduceScatter: partial [m, n] per PE (k is the local K), out [m / world, n]. The reductions of the
-    last `tail_tiles` M-tiles run after the GEMM on `tail_blocks` blocks. The decomposed path's reduce-scatter runs
-    alone, on `decomposed_comm_blocks` blocks (default comm_blocks)."""
+    """GEMM+ReduceScatter: partial [m, n] per PE (k is the local K), out [m / world, n]. Reduce units are
+    `group_tiles` N-tiles wide (None: whole rows) and wait for those tiles only; the GEMM walks swizzle groups of
+    `swizzle` cluster rows. The reductions of the last `tail` (M-tile, group) pieces the GEMM completes run after
+    it on `tail_blocks` blocks. The decomposed path's reduce-scatter (whole rows) runs alone, on
+    `decomposed_comm_blocks` blocks (default comm_blocks). detail["completion"][pe]: the pieces in completion
+    order."""
     if m % world:
         raise ValueError(f"m={m} must be a multiple of world={world}")
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
-    ends = []
-    spans = []
-    orders = {}
+    units = sch.rs_units(m // world, unit_rows, gemm.tile_m, n, gemm.tile_n, group_tiles)
+    gt = units.group_tiles
+    done, spans, orders, completions = [], [], {}, {}
+    by_order: dict[tuple, tuple] = {}  # the PEs of a node share one order: simulate each order once
     for pe in range(world):
         order = orders[pe] = sch.rs_tile_order(pe, world, node_size, m, gemm.tile_m)
-        e, span = run_gemm(order, tiles_n, gemm, swizzle, gemm_sms)
-        ends.append([max(row) for row in e])
+        key = tuple(order)
+        if key not in by_order:
+            e, span = run_gemm(order, tiles_n, gemm, swizzle, gemm_sms)
+            by_order[key] = ({(t, g): max(e[t][g * gt:(g + 1) * gt]) for t in range(tiles_m)
+                              for g in range(units.groups)}, span,
+                             sch.rs_completion(order, tiles_n, gemm.cluster_m, swizzle, gt))
+        d, span, completions[pe] = by_order[key]
+        done.append(d)
         spans.append(span)
-    red = rs_reduce(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, comm_blocks,
-                    lambda q, t: ends[q][t], links, tail_tiles=tail_tiles, tail_blocks=tail_blocks,
+    red = rs_reduce(world, node_size, m, elem_bytes, units, comm_blocks, lambda q, p: done[q][p], links,
+                    completions=[completions[q] for q in range(world)], tail=tail, tail_blocks=tail_blocks,
                     tail_start=lambda q: spans[q])
     per_pe = [max(a, b) + overhead_us for a, b in zip(spans, red)]
-    comm = max(rs_reduce(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m,
-                         decomposed_comm_blocks or comm_blocks, lambda q, t: 0.0, links))
-    ident = list(range(tiles_m))
-    _, gemm_f = run_gemm(ident, tiles_n, gemm, swizzle, gemm_sms)
-    _, gemm_all = run_gemm(ident, tiles_n, gemm, swizzle, all_sms)
+    comm = _rs_comm_us(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n,
+                       decomposed_comm_blocks or comm_blocks, links)
+    gemm_f = _gemm_us(tiles_m, tiles_n, gemm, swizzle, gemm_sms)
+    gemm_all = _gemm_us(tiles_m, tiles_n, gemm, swizzle, all_sms)
     return Result("gemm_rs", max(per_pe), gemm_all + comm + 2 * overhead_us, comm, gemm_f, gemm_all, per_pe,
-                  {"m_tile_done_us": ends, "reduce_end_us": red, "order": orders})
+                  {"reduce_end_us": red, "order": orders, "completion": completions})
+
+
+@functools.lru_cache(maxsize=256)
+def _gemm_us(tiles_m: int, tiles_n: int, gemm: Gemm, swizzle: int, sms: int) -> float:
+    """The plain GEMM's time (identity order, no waits): the same for every candidate split a planner tries."""
+    return run_gemm(list(range(tiles_m)), tiles_n, gemm, swizzle, sms)[1]
+
+
+@functools.lru_cache(maxsize=256)
+def _rs_comm_us(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, tile_m: int,
+                tile_n: int, blocks: int, links: Links) -> float:
+    """The reduce-scatter alone (every partial in place, whole rows): the decomposed path's communication."""
+    units = sch.rs_units(m // world, unit_rows, tile_m, n, tile_n)
+    return max(rs_reduce(world, node_size, m, elem_bytes, units, blocks, lambda q, p: 0.0, links))
 
 
 class NoSplit(ValueError):
@@ -444,8 +479,9 @@ class Split:
     comm_blocks: int
     gemm_sms: int
     swizzle: int
-    tail_tiles: int = 0     # GEMM+RS: M-tiles whose reduction runs after the GEMM, on tail_blocks blocks
-    tail_blocks: int = 0
+    tail: int = 0           # GEMM+RS: (M-tile, column group) pieces whose reduction runs after the GEMM, on
+    tail_blocks: int = 0    # tail_blocks blocks
+    group_tiles: int = 0    # GEMM+RS: reduce units' width in N-tiles (0: whole rows)
 
 
 def gemm_sms_for(budget_sms: int, cluster_m: int, comm_blocks: int) -> int:
@@ -496,33 +532,57 @@ def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), swz), r
 
 
+def rs_shapes(tiles_m: int, tiles_n: int, cluster_m: int, clusters: int) -> list[tuple[int, int]]:
+    """(swizzle, group_tiles) pairs GEMMReduceScatter tries: swizzle groups of S cluster rows, reduce units
+    `clusters // S` N-tiles wide, so that each wave of the GEMM completes one column group of S cluster rows. S = 1
+    gives whole rows (M-tiles complete one after another along N); a wider S spreads what one wave completes over
+    S * cluster_m M-tiles (consecutive in the tile order: segments of as many owners), so that the reductions of
+    the last wave, the part no overlap hides, are shared by that many PEs."""
+    rows = -(-tiles_m // cluster_m)
+    return [(1, tiles_n)] + [(S, max(1, min(tiles_n, clusters // S))) for S in (2, 4, 8) if S <= rows]
+
+
+def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int, clusters: int) -> int:
+    """Pieces (M-tile, column group) whose last tile is in the GEMM's last wave of `clusters` work items."""
+    items = -(-tiles_m // cluster_m) * tiles_n
+    last = sch.rs_piece_items(range(tiles_m), tiles_n, cluster_m, swizzle, group_tiles)
+    return sum(w >= items - clusters for w in last.values())
+
+
 def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: Gemm,
                  budget_sms: int, unit_rows: int, links: Links = Links(), comm_blocks: Optional[int] = None,
                  decomposed_comm_blocks: Optional[int] = None) -> tuple[Split, Result]:
-    """GEMMReduceScatter's split for M = m. The fused GEMM walks one cluster row at a time along N (swizzle 1):
-    M-tiles then complete one after another, steadily, instead of a swizzle group's worth at once (which would
-    leave the last group's reduction after the GEMM)."""
+    """GEMMReduceScatter's split for M = m: comm blocks, the GEMM's swizzle and the reduce units' width
+    (`rs_shapes`), and a tail: none, the pieces of the GEMM's last wave, or those and a cluster row's more (the
+    reductions the comm kernel's few blocks would otherwise do after the GEMM, run wide once it ends)."""
     all_sms = budget_sms // gemm.cluster_m * gemm.cluster_m
     cands = split_candidates(("sm",), comm_blocks, budget_sms, gemm.cluster_m, RS_COMM_BLOCKS)
     dec = decomposed_comm_blocks or max([c for _, c in cands] or [RS_COMM_BLOCKS[-1]])
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
     tail_blocks = min(all_sms, 64)
 
-    def tail_for(cb: int) -> int:
-        """The M-tiles the GEMM's last wave completes (plus a cluster row), whose reduction would otherwise run
-        on the comm kernel's few blocks after the GEMM."""
-        clusters = max(1, gemm_sms_for(budget_sms, gemm.cluster_m, cb) // gemm.cluster_m)
-        return min(tiles_m, (-(-clusters // tiles_n) + 1) * gemm.cluster_m)
-
     def run(c):
+        _, cb, sw, gt, tail = c
         return simulate_gemm_rs(world=world, node_size=node_size, m=m, n=n, k=k, gemm=gemm,
-                                gemm_sms=gemm_sms_for(budget_sms, gemm.cluster_m, c[1]), all_sms=all_sms,
-                                comm_blocks=c[1], unit_rows=unit_rows, swizzle=1, elem_bytes=elem_bytes,
-                                links=links, decomposed_comm_blocks=dec, tail_tiles=c[2], tail_blocks=tail_blocks)
-    def tails(cb: int) -> list[int]:
-        """None, the last wave's M-tiles plus a cluster row, and without that row (W = 8, Llama-3-70B down:
-        785.7 us against 793.8; the spare row's reduction then runs beside the last wave instead)."""
-        top = tail_for(cb)
-        return sorted({0, max(0, top - gemm.cluster_m), top})
-    (e, cb, tail), r = best([(e, cb, t) for e, cb in cands for t in tails(cb)], run)
-    return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), 1, tail, tail_blocks if tail else 0), r
+                                gemm_sms=gemm_sms_for(budget_sms, gemm.cluster_m, cb), all_sms=all_sms,
+                                comm_blocks=cb, unit_rows=unit_rows, swizzle=sw, group_tiles=gt,
+                                elem_bytes=elem_bytes, links=links, decomposed_comm_blocks=dec, tail=tail,
+                                tail_blocks=tail_blocks)
+    # Every (comm blocks, swizzle, width) without a tail first; then tails for the three fastest of those and for
+    # the fastest with whole rows (a tail moves the last wave's reductions, which the split without one shows).
+    shapes, tails = [], {}
+    for e, cb in cands:
+        clusters = max(1, gemm_sms_for(budget_sms, gemm.cluster_m, cb) // gemm.cluster_m)
+        for sw, gt in rs_shapes(tiles_m, tiles_n, gemm.cluster_m, clusters):
+            shapes.append((e, cb, sw, gt, 0))
+            wave = rs_last_wave(tiles_m, tiles_n, gemm.cluster_m, sw, gt, clusters)
+            row = gemm.cluster_m * -(-tiles_n // gt)  # the pieces of one more cluster row
+            tails[(e, cb, sw, gt)] = sorted({wave, min(wave + row, tiles_m * -(-tiles_n // gt))} - {0})
+    results = {c: run(c) for c in shapes}
+    ranked = sorted(shapes, key=lambda c: results[c].fused_us)
+    top = set(ranked[:3]) | {next(c for c in ranked if c[2] == 1)}
+    results.update({c[:4] + (t,): run(c[:4] + (t,)) for c in top for t in tails[c[:4]]})
+    # Within 0.5% the simpler schedule wins: whole rows one cluster row at a time, then fewer comm blocks, no tail.
+    tries = sorted(results, key=lambda c: (c[2], c[1], c[4]))
+    (e, cb, sw, gt, tail), r = best(tries, results.__getitem__)
+    return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), sw, tail, tail_blocks if tail else 0, gt), r

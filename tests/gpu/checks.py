@@ -11,6 +11,7 @@ Every check compares with a torch reference on fresh random inputs, outputs pois
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -385,6 +386,52 @@ def gemm_rs_matches_torch(rt):
         full = sum(x.double() @ y.double() for x, y in zip(a_all, bs))
         e = rel_err(out, full[rt.rank * 256:(rt.rank + 1) * 256])
         assert e < 2e-2, f"graph replay of GEMMReduceScatter: rel err {e}"
+
+
+@check("gemm")
+def gemm_rs_reduce_units(rt):
+    """GEMMReduceScatter with reduce units narrower than a row (column groups of 1 and 3 N-tiles, the last one
+    ragged: N = 1000 is 3 whole 256-wide tiles and 232 columns), GEMM swizzles 1, 2 and 4 and tail kernels, forced
+    past the planner: every unit must wait for exactly the tiles under it. The op's buffers are poisoned with NaN
+    before each call (a unit summed before its tiles were written shows), and M changes between calls on one op
+    (tile marks are set to the epoch: no reset, nothing to extend for tiles a call does not cover)."""
+    W = rt.world_size
+    n, k = 1000, 256
+    bf, fp = torch.bfloat16, torch.float16
+    cases = [  # rows per PE, swizzle, group_tiles, tail pieces, dtype, bias
+        (512, 4, 1, 0, bf, False), (200, 2, 3, 2, bf, True), (384, 1, 1, 5, fp, True), (512, 2, 3, 3, bf, False),
+        (72, 4, 1, 0, bf, True), (512, 4, 1, 0, fp, False),
+    ]
+    ops = {dt: flux_shmem.GEMMReduceScatter(512 * W, n, k, dt, mode="fused") for dt in (bf, fp)}
+    forced = {}
+    for op in ops.values():
+        def split(m, config, plan=op.split):
+            sp, r = plan(m, config)
+            sw, gt, tail = forced["now"]
+            return dataclasses.replace(sp, swizzle=sw, group_tiles=gt, tail=tail, tail_blocks=8 if tail else 0), r
+        op.split = split
+    for i, (ms, sw, gt, tail, dtype, with_bias) in enumerate(cases):
+        op = ops[dtype]
+        forced["now"] = (sw, gt, tail)
+        op._plans.clear()  # plan again with this case's forced shape
+        a_all = gathered_inputs(rt, (ms * W, k), dtype, 900 + i)
+        bs = [weight(k, n, "nk" if i % 2 else "kn", dtype, 950 + 10 * i + pe) for pe in range(W)]
+        bias = torch.randn(n, device="cuda").to(dtype) if with_bias else None
+        torch.cuda.synchronize()
+        flux_shmem.barrier()  # no peer still reads my buffers
+        for t in (op.engine.partial, op.engine.stage, op.engine.recv):
+            poison(t)
+        torch.cuda.synchronize()
+        flux_shmem.barrier()
+        plan = op.call_plan(ms * W, "nk" if i % 2 else "kn")
+        assert (plan.swizzle, plan.group_tiles, plan.tail) == (sw, gt, tail), plan.describe()
+        out = op(a_all[rt.rank], bs[rt.rank], bias)
+        full = sum(a.double() @ b.double() for a, b in zip(a_all, bs))
+        ref = full[rt.rank * ms:(rt.rank + 1) * ms] + (bias.double() if bias is not None else 0)
+        e = rel_err(out, ref)
+        assert out.shape == (ms, n) and e < 2e-2, f"GEMMReduceScatter {ms * W}x{n}x{k} {plan.describe()}: rel err {e}"
+    torch.cuda.synchronize()
+    flux_shmem.barrier()
 
 
 @check("gemm")

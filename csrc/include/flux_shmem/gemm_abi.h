@@ -59,7 +59,7 @@ typedef struct FsAgGemmArgs {
   uint64_t workspace_bytes;      /* size of workspace (fs_<family>_<dt>_<bl>_workspace_size) */
 } FsAgGemmArgs;
 
-/* GEMM + ReduceScatter: D[M,N] (local partial) = A[M,K] x B + bias[N]; signals rows_ready per M-tile. */
+/* GEMM + ReduceScatter: D[M,N] (local partial) = A[M,K] x B + bias[N]; marks each finished tile in tile_ready. */
 typedef struct FsGemmRsArgs {
   int64_t m, n, k;
   const void* a;
@@ -68,10 +68,8 @@ typedef struct FsGemmRsArgs {
   const void* bias;              /* [N] or NULL */
   int32_t sm_count;
   int32_t device_id;
-  uint64_t* rows_ready;          /* [tiles_m] counters (+1 per finished tile), or NULL (plain GEMM) */
-  const uint64_t* bar;           /* arrival slots; the first store waits bar[q] >= *epoch for q in the group */
-  int32_t group_first;
-  int32_t group_size;
+  uint64_t* tile_ready;          /* [tiles_m * tiles_n] words: tile (m, n)'s = *epoch once D holds it; or NULL (plain
+                                    GEMM) */
   const uint64_t* epoch;
   const int32_t* m_tile_order;   /* [tiles_m] permutation of M-tiles, or NULL (identity) */
   int32_t swizzle;               /* as in FsAgGemmArgs */

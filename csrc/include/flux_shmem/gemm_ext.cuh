@@ -6,8 +6,8 @@
 //     specialization of cutlass::gemm::kernel::detail::TileSchedulerSelector.
 //   * AgMainloop<Base>: the sm90 TMA warp-specialized mainloop whose producer first waits for the all-gather chunks
 //     covering the tile's rows.
-//   * RsEpilogue<Base>: the sm90 TMA warp-specialized epilogue that, before its first store, waits for its peers'
-//     arrival slots, and after each tile raises the tile row's rows_ready counter.
+//   * RsEpilogue<Base>: the sm90 TMA warp-specialized epilogue that marks each tile ready (its word in tile_ready
+//     set to the epoch) once the tile's stores have landed.
 //   * GemmConfig<...>: the kernel types of one build (tile, cluster and cooperative or pingpong schedule from the
 //     FS_GEMM_* macros set by the configuration registry, flux_shmem/kernels/registry.py; D = acc + bias[n]).
 //   * host helpers (FS_HOST_PASS only): error string, ABI introspection, the TMA-descriptor driver shim and the
@@ -523,9 +523,12 @@ struct AgMainloop : Base_ {
 };
 
 // ------------------------------------------------------------------------------------------------------------------
-// ReduceScatter epilogue: wait for the peers once, then raise rows_ready[m_tile] after each tile's stores land
+// ReduceScatter epilogue: mark each tile ready once its stores have landed
 // ------------------------------------------------------------------------------------------------------------------
 
+// The reduce kernel (csrc/collectives.cu) waits on the words of the tiles under each unit it sums, so a unit a
+// few N-tiles wide can be reduced before its whole M-tile row is done. Words are set to the call's epoch (not
+// counted up): they need no reset and no care for tiles a call does not cover, and a tile marked twice is harmless.
 template <class Base_>
 class RsEpilogue : public Base_ {
  public:
@@ -538,50 +541,34 @@ class RsEpilogue : public Base_ {
   using typename Base::CtaTileMNK;
   static constexpr int kTileM = static_cast<int>(cute::size<0>(CtaTileMNK{}));
   static constexpr int kTileN = static_cast<int>(cute::size<1>(CtaTileMNK{}));
-  // Named barrier among the consumer threads (user id; CUTLASS's cooperative kernel uses no user barrier).
-  static constexpr uint32_t kPeerBarrierId = 3;
 
   struct Arguments : Base::Arguments {
-    uint64_t* rows_ready = nullptr;
-    const uint64_t* bar = nullptr;
-    int32_t group_first = 0;
-    int32_t group_size = 0;
+    uint64_t* tile_ready = nullptr;
     const uint64_t* epoch = nullptr;
-    fs::Ctx ctx{};
   };
 
   struct Params : Base::Params {
-    uint64_t* rows_ready = nullptr;
-    const uint64_t* bar = nullptr;
-    int32_t group_first = 0;
-    int32_t group_size = 0;
+    uint64_t* tile_ready = nullptr;
     const uint64_t* epoch = nullptr;
     int32_t tiles_m = 0;
     int32_t tiles_n = 0;
-    fs::Ctx ctx{};
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args, void* workspace) {
     Params p;
     static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem_shape, args, workspace);
-    p.rows_ready = args.rows_ready;
-    p.bar = args.bar;
-    p.group_first = args.group_first;
-    p.group_size = args.group_size;
+    p.tile_ready = args.tile_ready;
     p.epoch = args.epoch;
     p.tiles_m = fs::tiles_along(static_cast<long long>(cute::get<0>(problem_shape)), kTileM);
     p.tiles_n = fs::tiles_along(static_cast<long long>(cute::get<1>(problem_shape)), kTileN);
-    p.ctx = args.ctx;
     return p;
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     if (!Base::can_implement(problem_shape, args)) return false;
-    if (args.rows_ready == nullptr) return true;
-    return args.epoch != nullptr && args.group_size >= 0 && args.group_first >= 0 &&
-           (args.group_size == 0 || args.bar != nullptr);
+    return args.tile_ready == nullptr || args.epoch != nullptr;
   }
 
   CUTLASS_HOST_DEVICE RsEpilogue(Params const& params, TensorStorage& shared_tensors)
@@ -596,42 +583,29 @@ class RsEpilogue : public Base_ {
                             TiledMma tiled_mma, int thread_idx, TensorStorage& shared_tensors,
                             int subtile_idx = -1) {
     Params const& p = *ext_;
-    const bool signal = p.rows_ready != nullptr;
-    if (signal && !peers_waited_) {
-      // The previous call's readers of D must be done: wait for the group's arrival slots, once per kernel.
-      if (thread_idx == 0) {
-        const uint64_t target = ld_volatile_u64(p.epoch);
-        const fs::Ctx ctx = p.ctx;  // local copy, as in AgMainloop::wait_tile_rows
-        for (int q = p.group_first; q < p.group_first + p.group_size; ++q) {
-          fs::wait_ge(ctx, p.bar + q, target, fs::kSiteBarrier, q);
-        }
-        fence_proxy_async_global();  // D is written by TMA (async proxy) after this generic acquire
-      }
-      cutlass::arch::NamedBarrier::sync(static_cast<uint32_t>(cute::size(TiledMma{})), kPeerBarrierId);
-      peers_waited_ = true;
-    }
-
     auto next = Base::store(load_pipeline, load_pipe_consumer_state, store_pipeline, store_pipe_producer_state,
                             problem_shape_mnkl, tile_shape_MNK, tile_coord_mnkl, accumulators, tiled_mma, thread_idx,
                             shared_tensors, subtile_idx);
 
-    if (signal) {
+    if (p.tile_ready != nullptr && thread_idx < cutlass::NumThreadsPerWarp) {
       // The base epilogue issues every TMA store of the tile from the consumer threads 0..31 (one warp); each of
       // them waits for its own bulk groups to be complete (writes included), then lane 0 publishes the tile with
       // one system fence after the warp barrier (so it orders every lane's writes, which the barrier made happen
-      // before it) and a relaxed add: NVSHMEM's own fence-then-signal. (A fence in every lane and then a release
-      // add was two system fences per tile; the counters made the GEMM 5% slower, check fused_gemm_costs.)
-      if (thread_idx < cutlass::NumThreadsPerWarp) {
-        bulk_wait_all_complete();
-        fence_proxy_async_global();
-        __syncwarp();
-        if (thread_idx == 0) {
-          const int m_tile = static_cast<int>(cute::get<0>(tile_coord_mnkl));
-          const int n_tile = static_cast<int>(cute::get<1>(tile_coord_mnkl));
-          if (m_tile >= 0 && m_tile < p.tiles_m && n_tile >= 0 && n_tile < p.tiles_n) {
-            __threadfence_system();
-            fs::red_add_relaxed_sys(p.rows_ready + m_tile, 1ull);
+      // before it) and a relaxed store: NVSHMEM's own fence-then-signal. (A fence in every lane and then a release
+      // was two system fences per tile; that made the GEMM 5% slower, check fused_gemm_costs.)
+      bulk_wait_all_complete();
+      fence_proxy_async_global();
+      __syncwarp();
+      if (thread_idx == 0) {
+        const int m_tile = static_cast<int>(cute::get<0>(tile_coord_mnkl));
+        const int n_tile = static_cast<int>(cute::get<1>(tile_coord_mnkl));
+        if (m_tile >= 0 && m_tile < p.tiles_m && n_tile >= 0 && n_tile < p.tiles_n) {
+          if (!epoch_loaded_) {
+            epoch_ = ld_volatile_u64(p.epoch);  // constant while the kernel runs (bumped after the call)
+            epoch_loaded_ = true;
           }
+          __threadfence_system();
+          fs::st_relaxed_sys(p.tile_ready + static_cast<int64_t>(m_tile) * p.tiles_n + n_tile, epoch_);
         }
       }
     }
@@ -640,7 +614,8 @@ class RsEpilogue : public Base_ {
 
  private:
   Params const* ext_;
-  bool peers_waited_ = false;
+  uint64_t epoch_ = 0;
+  bool epoch_loaded_ = false;
 };
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -1055,10 +1030,7 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsGemmRsArgs, bias)
   FS_ABI_FIELD(FsGemmRsArgs, sm_count)
   FS_ABI_FIELD(FsGemmRsArgs, device_id)
-  FS_ABI_FIELD(FsGemmRsArgs, rows_ready)
-  FS_ABI_FIELD(FsGemmRsArgs, bar)
-  FS_ABI_FIELD(FsGemmRsArgs, group_first)
-  FS_ABI_FIELD(FsGemmRsArgs, group_size)
+  FS_ABI_FIELD(FsGemmRsArgs, tile_ready)
   FS_ABI_FIELD(FsGemmRsArgs, epoch)
   FS_ABI_FIELD(FsGemmRsArgs, m_tile_order)
   FS_ABI_FIELD(FsGemmRsArgs, swizzle)

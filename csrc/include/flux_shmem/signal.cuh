@@ -26,7 +26,7 @@ struct ErrorRecord {
 enum Site : int {
   kSiteBarrier = 1,      // arrival slot of a peer (index = peer PE)
   kSiteChunk = 2,        // all-gather chunk flag (index = source PE * chunks + chunk)
-  kSiteRows = 3,         // rows-ready counter of a GEMM m-tile (GEMM epilogue: index = m-tile; reduce: PE * tiles + m-tile)
+  kSiteRows = 3,         // GEMM tile-ready word (index = PE * tiles + m-tile * N-tiles + n-tile)
   kSiteRecv = 4,         // reduce-scatter receive signal (index = source node * units + unit)
   kSiteDone = 5,         // reduce-scatter "done reading my input" slot of a node peer (index = peer PE)
   kSiteSplitK = 7,       // split-K lock of a CTA tile (index = reduction slot * consumer warpgroups + warpgroup)
@@ -86,18 +86,10 @@ __device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ void red_add_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // After a __threadfence_system(): the fence orders the writes before it (NVSHMEM's own signal pattern); a release
 // on top would be a second system-scope fence.
-__device__ __forceinline__ void red_add_relaxed_sys(uint64_t* p, uint64_t v) {
-  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ void red_add_release_gpu(uint64_t* p, uint64_t v) {
-  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ uint64_t global_timer_ns() {
