@@ -391,7 +391,7 @@ def gemm_rs_matches_torch(rt):
 @check("gemm")
 def gemm_rs_reduce_units(rt):
     """GEMMReduceScatter with reduce units narrower than a row (column groups of 1 and 3 N-tiles, the last one
-    ragged: N = 1000 is 3 whole 256-wide tiles and 232 columns), GEMM swizzles 1, 2 and 4 and tail kernels, forced
+    ragged: N = 1000 is no multiple of a tile width), GEMM swizzles 1, 2 and 4 and tail kernels, forced
     past the planner: every unit must wait for exactly the tiles under it. The op's buffers are poisoned with NaN
     before each call (a unit summed before its tiles were written shows), and M changes between calls on one op
     (tile marks are set to the epoch: no reset, nothing to extend for tiles a call does not cover)."""
