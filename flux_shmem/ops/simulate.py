@@ -348,45 +348,60 @@ def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.Rs
     nodes = world // L
     net = _Net(world, links)
     ev = _Events()
+    geometry: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}  # (seg, unit) -> (bytes, piece)
+
+    def runs(block: list) -> list:
+        """A block's items with each run of consecutive units of one op, segment and piece as one step (same
+        readiness, done back to back by the block): (op, seg, units, bytes, piece)."""
+        out: list = []
+        for it in block:
+            g = geometry.get((it.seg, it.unit))
+            if g is None:
+                r = units.rect(it.seg, it.unit)
+                g = geometry[(it.seg, it.unit)] = ((r.hi - r.lo) * (r.c1 - r.c0) * elem_bytes,
+                                                   units.piece(it.seg, it.unit))
+            last = out[-1] if out else None
+            if last is not None and (last[0], last[1], last[4]) == (it.op, it.seg, g[1]):
+                out[-1] = (it.op, it.seg, last[2] + (it.unit,), last[3] + g[0], g[1])
+            else:
+                out.append((it.op, it.seg, (it.unit,), g[0], g[1]))
+        return out
+
     plans = []
     for p in range(world):
         comp = completions[p] if completions is not None else None
         main = sch.rs_plan(p, world, L, m, units, comm_blocks, completion=comp)
         main, tail_plan = sch.rs_split_tail(main, comp or [], tail, units, max(1, tail_blocks))
         t0 = tail_start(p) if tail_start else start_us
-        plans.append(main + [[("start", t0)] + b for b in tail_plan])
+        plans.append([runs(b) for b in main] + [[("start", t0)] + runs(b) for b in tail_plan])
     local = links.local_gbps * 1e3
-    geometry: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}  # (seg, unit) -> (bytes, piece)
 
     def step(pe, it, t):
         if it[0] == "start":  # a tail block: launched after the GEMM
             return max(t, it[1]), None
-        g = geometry.get((it.seg, it.unit))
-        if g is None:
-            r = units.rect(it.seg, it.unit)
-            g = geometry[(it.seg, it.unit)] = ((r.hi - r.lo) * (r.c1 - r.c0) * elem_bytes,
-                                               units.piece(it.seg, it.unit))
-        nb, piece = g
+        op, seg, us, nb, piece = it
         node = pe // L
-        if it.op == sch.NODE_SUM:
+        if op == sch.NODE_SUM:
             t = max([t] + [piece_done(node * L + q, piece) for q in range(L)])
             done = max(t + (nb * L + nb) / local,  # L reads and one write by one block
                        net.gather(pe, range(node * L, node * L + L), nb, t, links.block_gbps))
             if nodes > 1:
-                if it.seg // L == node:
-                    ev.set(("recv", it.seg, node, it.unit), done)
-                else:  # the node partial goes to the segment's owner
-                    at = net.transfer(pe, it.seg, 1, nb, done,
+                if seg // L != node:  # the node partial goes to the segment's owner
+                    at = net.transfer(pe, seg, 1, nb, done,
                                       links.put_block_gbps if links.put_by_blocks else links.block_gbps, pe)
-                    ev.set(("recv", it.seg, node, it.unit), at)
-                    done = at if links.put_by_blocks else done + links.put_issue_us
+                    for u in us:
+                        ev.set(("recv", seg, node, u), at)
+                    return (at if links.put_by_blocks else done + links.put_issue_us), None
+                for u in us:
+                    ev.set(("recv", seg, node, u), done)
             return done, None
-        if it.op == sch.FINAL:
+        if op == sch.FINAL:
             for j in range(nodes):
-                key = ("recv", pe, j, it.unit)
-                if key not in ev.known:
-                    return None, key
-                t = max(t, ev.known[key])
+                for u in us:
+                    key = ("recv", pe, j, u)
+                    if key not in ev.known:
+                        return None, key
+                    t = max(t, ev.known[key])
             return t + (nodes + 1) * nb / local, None
         raise ValueError(f"unexpected reduce-scatter item {it}")
 
