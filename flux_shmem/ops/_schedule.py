@@ -184,6 +184,7 @@ def rs_unit_rows(ms: int, unit_rows: int, seg: int, r: int) -> tuple[int, int]:
 
 
 def rs_row_units(ms: int, unit_rows: int, seg: int) -> int:
+    """Row units of segment seg (rs_unit_rows r = 0 .. this - 1)."""
     lo, hi = seg * ms, (seg + 1) * ms
     return -(-hi // unit_rows) - lo // unit_rows
 
