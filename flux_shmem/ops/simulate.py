@@ -350,21 +350,16 @@ def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.Rs
     ev = _Events()
     geometry: dict[tuple[int, int], tuple[int, tuple[int, int]]] = {}  # (seg, unit) -> (bytes, piece)
 
-    def runs(block: list) -> list:
-        """A block's items with each run of consecutive units of one op, segment and piece as one step (same
-        readiness, done back to back by the block): (op, seg, units, bytes, piece)."""
-        out: list = []
+    def steps(block: list[sch.RsItem]) -> list:
+        """A block's items as the steps below: (op, seg, unit, bytes, piece)."""
+        out = []
         for it in block:
             g = geometry.get((it.seg, it.unit))
             if g is None:
                 r = units.rect(it.seg, it.unit)
                 g = geometry[(it.seg, it.unit)] = ((r.hi - r.lo) * (r.c1 - r.c0) * elem_bytes,
                                                    units.piece(it.seg, it.unit))
-            last = out[-1] if out else None
-            if last is not None and (last[0], last[1], last[4]) == (it.op, it.seg, g[1]):
-                out[-1] = (it.op, it.seg, last[2] + (it.unit,), last[3] + g[0], g[1])
-            else:
-                out.append((it.op, it.seg, (it.unit,), g[0], g[1]))
+            out.append((it.op, it.seg, it.unit) + g)
         return out
 
     plans = []
@@ -373,35 +368,33 @@ def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.Rs
         main = sch.rs_plan(p, world, L, m, units, comm_blocks, completion=comp)
         main, tail_plan = sch.rs_split_tail(main, comp or [], tail, units, max(1, tail_blocks))
         t0 = tail_start(p) if tail_start else start_us
-        plans.append([runs(b) for b in main] + [[("start", t0)] + runs(b) for b in tail_plan])
+        plans.append([steps(b) for b in main] + [[("start", t0)] + steps(b) for b in tail_plan])
     local = links.local_gbps * 1e3
 
     def step(pe, it, t):
         if it[0] == "start":  # a tail block: launched after the GEMM
             return max(t, it[1]), None
-        op, seg, us, nb, piece = it
+        op, seg, u, nb, piece = it
         node = pe // L
         if op == sch.NODE_SUM:
             t = max([t] + [piece_done(node * L + q, piece) for q in range(L)])
             done = max(t + (nb * L + nb) / local,  # L reads and one write by one block
                        net.gather(pe, range(node * L, node * L + L), nb, t, links.block_gbps))
             if nodes > 1:
-                if seg // L != node:  # the node partial goes to the segment's owner
+                if seg // L == node:
+                    ev.set(("recv", seg, node, u), done)
+                else:  # the node partial goes to the segment's owner
                     at = net.transfer(pe, seg, 1, nb, done,
                                       links.put_block_gbps if links.put_by_blocks else links.block_gbps, pe)
-                    for u in us:
-                        ev.set(("recv", seg, node, u), at)
-                    return (at if links.put_by_blocks else done + links.put_issue_us), None
-                for u in us:
-                    ev.set(("recv", seg, node, u), done)
+                    ev.set(("recv", seg, node, u), at)
+                    done = at if links.put_by_blocks else done + links.put_issue_us
             return done, None
         if op == sch.FINAL:
             for j in range(nodes):
-                for u in us:
-                    key = ("recv", pe, j, u)
-                    if key not in ev.known:
-                        return None, key
-                    t = max(t, ev.known[key])
+                key = ("recv", pe, j, u)
+                if key not in ev.known:
+                    return None, key
+                t = max(t, ev.known[key])
             return t + (nodes + 1) * nb / local, None
         raise ValueError(f"unexpected reduce-scatter item {it}")
 
@@ -583,6 +576,25 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
                                 comm_blocks=cb, unit_rows=unit_rows, swizzle=sw, group_tiles=gt,
                                 elem_bytes=elem_bytes, links=links, decomposed_comm_blocks=dec, tail=tail,
                                 tail_blocks=tail_blocks)
+
+    # A lower bound of a candidate's fused time, so that candidates which cannot win are not simulated: its GEMM
+    # alone on its SMs and, without a tail, a PE's reductions on the comm blocks, each unit at least its bytes over
+    # the model's block rates (reads of every node peer's addend and a write; independent of the units' width).
+    L, nodes = node_size, world // node_size
+    seg_bytes = nodes * (m // world) * n * elem_bytes  # a PE's NODE_SUM bytes (one addend)
+    per_byte = max(1 / (links.block_gbps * 1e3) if L > 1 else 0.0, (L + 1) / (links.local_gbps * 1e3))
+
+    def bound(c) -> float:
+        _, cb, sw, _, tail = c
+        gemm_us = _gemm_us(tiles_m, tiles_n, gemm, sw, gemm_sms_for(budget_sms, gemm.cluster_m, cb))
+        return gemm_us if tail else max(gemm_us, seg_bytes * per_byte / cb)
+
+    results: dict[tuple, Result] = {}
+
+    def evaluate(cs) -> None:
+        for c in sorted(cs, key=bound):
+            if not results or bound(c) < min(r.fused_us for r in results.values()) / 0.995:
+                results[c] = run(c)
     # Every (comm blocks, swizzle, width) without a tail first; then tails for the three fastest of those and for
     # the fastest with whole rows (a tail moves the last wave's reductions, which the split without one shows).
     shapes, tails = [], {}
@@ -593,11 +605,10 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
             wave = rs_last_wave(tiles_m, tiles_n, gemm.cluster_m, sw, gt, clusters)
             row = gemm.cluster_m * -(-tiles_n // gt)  # the pieces of one more cluster row
             tails[(e, cb, sw, gt)] = sorted({wave, min(wave + row, tiles_m * -(-tiles_n // gt))} - {0})
-    results = {c: run(c) for c in shapes}
-    ranked = sorted(shapes, key=lambda c: results[c].fused_us)
-    top = set(ranked[:3]) | {next(c for c in ranked if c[2] == 1)}
-    results.update({c[:4] + (t,): run(c[:4] + (t,)) for c in top for t in tails[c[:4]]})
+    evaluate(shapes)
+    ranked = sorted(results, key=lambda c: results[c].fused_us)
+    top = set(ranked[:3]) | set([c for c in ranked if c[2] == 1][:1])
+    evaluate([c[:4] + (t,) for c in top for t in tails[c[:4]]])
     # Within 0.5% the simpler schedule wins: whole rows one cluster row at a time, then fewer comm blocks, no tail.
-    tries = sorted(results, key=lambda c: (c[2], c[1], c[4]))
-    (e, cb, sw, gt, tail), r = best(tries, results.__getitem__)
+    (e, cb, sw, gt, tail), r = best(sorted(results, key=lambda c: (c[2], c[1], c[4])), results.__getitem__)
     return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), sw, tail, tail_blocks if tail else 0, gt), r
