@@ -151,7 +151,6 @@ class _Net:
             end = max(end, other[cls])
         return max(end, ready + nbytes / (rate_gbps * 1e3)) + lk.latency(cls)
 
-
     def gather(self, reader: int, peers, nbytes: float, ready: float, rate_gbps: float) -> float:
         """`reader` loads nbytes from each of `peers` (but itself) over NVLink, one after another on its link, all
         ready at `ready`: `transfer` for each, inlined (the simulator's hot loop); returns when all are there."""
