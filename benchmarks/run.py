@@ -141,6 +141,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--comm-blocks", type=_positive_int, default=None, metavar="N",
                    help="thread blocks of our communication kernels (default: the split the simulator predicts "
                         "fastest)")
+    p.add_argument("--rs-group-tiles", type=_positive_int, default=None, metavar="N",
+                   help="GEMMReduceScatter's fused reduce units N N-tiles wide (large: whole rows; default: the "
+                        "planner's choice)")
     p.add_argument("--emulate-link", choices=tuple(EMULATED_LINKS), default=None,
                    help="pace every peer transfer of our comm engines like an NVLink or InfiniBand link, scaled by "
                         "this process's SM share (several PEs on one GPU under CUDA MPS): real overlap of the real "
@@ -356,6 +359,7 @@ def _run(args: argparse.Namespace) -> int:
         "ag_engine": args.ag_engine,
         "mode": args.mode,
         "comm_blocks": args.comm_blocks,
+        "rs_group_tiles": args.rs_group_tiles,
         "sm_budget": {"sms": budget.sms, "device_sms": budget.device_sms, "source": budget.source},
         "emulated_link": emulated,
         "force_put_runtime": getattr(rt, "force_put", None) if flux is not None else None,
@@ -387,7 +391,8 @@ def _run(args: argparse.Namespace) -> int:
                   dtype=args.dtype, iters=args.iters, warmup=args.warmup, rotate=args.rotate, seed=args.seed,
                   verbose=args.verbose, nccl_error=nccl_error, rounds=args.rounds,
                   op_options={"AllGatherGEMM": {"engine": args.ag_engine, "comm_blocks": args.comm_blocks},
-                              "GEMMReduceScatter": {"comm_blocks": args.comm_blocks}},
+                              "GEMMReduceScatter": {"comm_blocks": args.comm_blocks,
+                                                    "group_tiles": args.rs_group_tiles}},
                   mode=args.mode)
     suite.plan([p for p, why in problems if why is None])
     config["timing"] = (f"per call after a host sync + MPI barrier, then a {suite.lead_us:g} us GPU lead (device time, "

@@ -34,21 +34,24 @@ class GEMMReduceScatter(FusedGEMM):
     (max_m, n, k, dtype) (collective), called on torch's current stream. b may be row-major [k, n] or a
     transposed [n, k] weight. mode: 'fused', 'decomposed' (GEMM on all SMs, then the reduce-scatter) or 'auto'
     (fused when the simulator predicts it faster; the choice shows in repr). comm_blocks: SMs of the reduce
-    kernel (default: the split the simulator predicts fastest).
+    kernel; group_tiles: the fused reduce units' width in N-tiles (a large value: whole rows); by default both are
+    the split the simulator predicts fastest.
     """
 
     family = "gemm_rs"
     COMM_CANDIDATES = (4, 8, 16, 24)
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
-                 unit_rows: int | None = None, comm_blocks: Optional[int] = None):
+                 unit_rows: int | None = None, comm_blocks: Optional[int] = None,
+                 group_tiles: Optional[int] = None):
         super().__init__(max_m, n, k, dtype, mode, comm_blocks)
+        self.group_tiles = positive("group_tiles", group_tiles) if group_tiles is not None else None
         rt = self.rt
         elem = torch.empty((), dtype=dtype).element_size()
         unit_rows = positive("unit_rows", unit_rows) if unit_rows is not None else \
             default_unit_rows(n, elem, self.tile_m)
-        symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks)",
-                        (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks))
+        symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles)",
+                        (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks, group_tiles))
         # One configuration for the op's life, PE 0's choice on every PE: the reduce engine waits until each peer's
         # counter of an M-tile reaches epoch x N-tiles, so the tile width may change neither between calls nor
         # between PEs (whose tuning caches may differ).
@@ -77,7 +80,7 @@ class GEMMReduceScatter(FusedGEMM):
             elem_bytes=self.engine.partial.element_size(), gemm=self.gemm_model(self.k, config),
             budget_sms=self.budget.sms,
             unit_rows=self.engine.unit_rows, links=self.links, comm_blocks=self.comm_blocks,
-            decomposed_comm_blocks=self.engine.comm_blocks)
+            decomposed_comm_blocks=self.engine.comm_blocks, group_tiles=self.group_tiles)
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
               sm_count: int, order: torch.Tensor | None, swizzle: int, choice, started=None) -> None:
