@@ -42,6 +42,14 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export FLUX_SHMEM_TIMEOUT_S=${FLUX_SHMEM_TIMEOUT_S:-60}
 nvidia-smi -L; python3 -c "import torch, nvshmem; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -m flux_shmem.build --list --config all 2>&1 | tee "$OUT/build.log"  # carried kernels; missing ones build on first use
+# A kernel missing from the carried cache would be built here, on device time (and fails where CUTLASS's headers
+# are absent: a cache key names the CUTLASS version, so carry the nvidia-cutlass wheel with the cubins).
+if grep -q "not built" "$OUT/build.log" && [ "${FLUX_SHMEM_ALLOW_BUILD:-0}" != 1 ]; then
+  echo "gpu_session.sh: kernels missing from the carried cache (above); build them on the CPU machine" \
+       "(python3 -m flux_shmem.build --config all with FLUX_SHMEM_CACHE=.cache/kernels), carry .cache and .whl" \
+       "(nvshmem4py and nvidia-cutlass wheels), or set FLUX_SHMEM_ALLOW_BUILD=1" >&2
+  exit 4
+fi
 # MPS_TOTAL_PCT (default 100): the share of the SMs all PEs together may use. MPS caps how many SMs a client holds,
 # not which; less than 100 leaves slack between the PEs' persistent grids (tried with 90 on 2026-12-03: no better,
 # benchmarks/RESULTS.md).
