@@ -232,14 +232,18 @@ constexpr int kRsSignalDone = 2;      // the last block tells my node's PEs I no
 
 namespace fs {
 
-template <typename T> struct Vec;  // 16 bytes of T <-> floats
+template <typename T> struct Vec;  // 16 bytes of T (raw) <-> floats
 template <> struct Vec<__nv_bfloat16> {
   static constexpr int kN = 8;
-  __device__ static void load(const void* p, float* f) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
+  __device__ static void set(const uint4& v, float* f) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) { const float2 x = __bfloat1622float2(h[i]); f[2 * i] = x.x; f[2 * i + 1] = x.y; }
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const float2 x = __bfloat1622float2(h[i]); f[2 * i] += x.x; f[2 * i + 1] += x.y; }
   }
   __device__ static void store(void* p, const float* f) {
     uint4 v;
@@ -251,11 +255,15 @@ template <> struct Vec<__nv_bfloat16> {
 };
 template <> struct Vec<__half> {
   static constexpr int kN = 8;
-  __device__ static void load(const void* p, float* f) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
+  __device__ static void set(const uint4& v, float* f) {
     const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) { const float2 x = __half22float2(h[i]); f[2 * i] = x.x; f[2 * i + 1] = x.y; }
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const float2 x = __half22float2(h[i]); f[2 * i] += x.x; f[2 * i + 1] += x.y; }
   }
   __device__ static void store(void* p, const float* f) {
     uint4 v;
@@ -267,75 +275,66 @@ template <> struct Vec<__half> {
 };
 template <> struct Vec<float> {
   static constexpr int kN = 4;
-  __device__ static void load(const void* p, float* f) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+  __device__ static void set(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+  }
+  __device__ static void add(const uint4& v, float* f) {
+    f[0] += __uint_as_float(v.x); f[1] += __uint_as_float(v.y); f[2] += __uint_as_float(v.z); f[3] += __uint_as_float(v.w);
   }
   __device__ static void store(void* p, const float* f) { *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]); }
 };
 
+__device__ __forceinline__ uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+
 // Whole block, over a rows x w block of elements: dst = sum over k < nsrc of src(k) (+ bias[col]) in fp32, sources
 // in order (deterministic). Row r of the block starts at r * src_stride in every source and at r * dst_stride in
-// dst (a stride of w: packed). w is a multiple of the vector width, so no vector straddles two rows. Four vectors
-// per thread per pass, so 4 * nsrc loads are in flight: one 512-thread block streams ~30-45 GB/s with one vector
-// in flight per source, far below what the comm kernel's few blocks need.
+// dst (a stride of w: packed). w is a multiple of the vector width, so no vector straddles two rows.
+// A block is latency-bound: each pass waits for one round of loads per source. So every pass is the unrolled one,
+// kU vectors per thread, the last one cut short (a narrow unit of 8 x 1792 bf16 is one pass, not 3.5 passes of one
+// vector each: seen 2026-12-05 on an H100, units 7 N-tiles wide were summed at 11 GB/s per block through such a
+// one-vector remainder loop against >= 22 GB/s for whole rows, and GEMM+RS fused ran 0.60x of decomposed). Loads of
+// two sources at once spilled (40 B with bf16 under the 128 registers of 512 threads).
 template <typename T, typename Src>
 __device__ __forceinline__ void block_sum(T* dst, int64_t dst_stride, Src src, int64_t src_stride, int nsrc,
                                           int64_t rows, int64_t w, const T* bias) {
   using V = Vec<T>;
   constexpr int kN = V::kN, kU = 4;
-  const int64_t elems = rows * w;
-  const int64_t step = int64_t(blockDim.x) * kN;
-  const uint32_t w32 = uint32_t(w);  // a unit has far fewer than 2^32 elements (ReduceEngine checks)
-  int64_t i = int64_t(threadIdx.x) * kN;
-  for (; i + (kU - 1) * step < elems; i += kU * step) {
-    float s[kU][kN], x[kU][kN];
-    uint32_t row[kU], col[kU];  // (32-bit: 64-bit offsets for every vector made the kernel spill)
+  // (32-bit indices: a unit has far fewer than 2^32 elements, ReduceEngine checks; 64-bit offsets for every
+  // vector made the kernel spill)
+  const uint32_t elems = uint32_t(rows * w), step = blockDim.x * kN, w32 = uint32_t(w);
+  for (uint32_t i = threadIdx.x * kN; i < elems; i += kU * step) {
+    const int nv = elems - i > (kU - 1) * step ? kU : int((elems - i + step - 1) / step);  // vectors of this pass
+    float s[kU][kN];
+    uint4 x[kU];
+    uint32_t row[kU], col[kU];
+#define ok(u) ((u) < nv)
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const uint32_t f = uint32_t(i + u * step);
+      const uint32_t f = ok(u) ? i + u * step : i;  // past the end: re-read my first vector, store nothing
       row[u] = f / w32;
       col[u] = f - row[u] * w32;
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) V::load(src(0) + (int64_t(row[u]) * src_stride + col[u]), s[u]);
+    for (int u = 0; u < kU; ++u)
+      V::set(ld16(src(0) + (int64_t(row[u]) * src_stride + col[u])), s[u]);
     for (int k = 1; k < nsrc; ++k) {
       const T* p = src(k);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) V::load(p + (int64_t(row[u]) * src_stride + col[u]), x[u]);
+      for (int u = 0; u < kU; ++u)
+        x[u] = ld16(p + (int64_t(row[u]) * src_stride + col[u]));
+#pragma unroll
+      for (int u = 0; u < kU; ++u) V::add(x[u], s[u]);
+    }
+    if (bias != nullptr) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
-#pragma unroll
-        for (int j = 0; j < kN; ++j) s[u][j] += x[u][j];
-    }
-    if (bias != nullptr) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        V::load(bias + col[u], x[u]);
-#pragma unroll
-        for (int j = 0; j < kN; ++j) s[u][j] += x[u][j];
-      }
+        V::add(ld16(bias + col[u]), s[u]);
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) V::store(dst + (int64_t(row[u]) * dst_stride + col[u]), s[u]);
+    for (int u = 0; u < kU; ++u)
+      if (ok(u)) V::store(dst + (int64_t(row[u]) * dst_stride + col[u]), s[u]);
   }
-  for (; i < elems; i += step) {
-    const uint32_t f = uint32_t(i), r = f / w32;
-    const int64_t col = f - r * w32, so = int64_t(r) * src_stride + col;
-    float s[kN], x[kN];
-    V::load(src(0) + so, s);
-    for (int k = 1; k < nsrc; ++k) {
-      V::load(src(k) + so, x);
-#pragma unroll
-      for (int j = 0; j < kN; ++j) s[j] += x[j];
-    }
-    if (bias != nullptr) {
-      V::load(bias + col, x);
-#pragma unroll
-      for (int j = 0; j < kN; ++j) s[j] += x[j];
-    }
-    V::store(dst + int64_t(r) * dst_stride + col, s);
-  }
+#undef ok
 }
 
 // Block-wide: wait until every PE of my node has finished the GEMM tiles (tile, [nt0, nt1)) of this epoch. One

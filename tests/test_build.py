@@ -24,12 +24,17 @@ def test_collectives_builds_and_links_nvshmem():
 
 def test_cache_key_tracks_versions_and_arch(monkeypatch):
     k1 = kb.cache_key("collectives", "90a")
-    assert "nvshmem" in k1 and "cutlass" in k1 and "sm90a" in k1
+    assert "nvshmem" in k1 and "sm90a" in k1
+    # collectives include no CUTLASS: their key does not name it, so they load where CUTLASS is not installed
+    assert "cutlass" not in k1 and "cutlass" in kb.cache_key("gemm_rs", "90a")
     assert kb.cache_key("collectives", "90") != k1
     tc = kb.toolchain()
     monkeypatch.setattr(kb, "toolchain", lambda: kb.Toolchain(tc.nvshmem_root, "0.0.0", tc.cutlass_includes,
                                                                tc.cutlass_version))
     assert kb.cache_key("collectives", "90a") != k1
+    monkeypatch.setattr(kb, "toolchain", lambda: kb.Toolchain(tc.nvshmem_root, tc.nvshmem_version,
+                                                               tc.cutlass_includes, "0.0"))
+    assert kb.cache_key("collectives", "90a") == k1
 
 
 def test_gemm_configs_are_keyed_and_flagged():

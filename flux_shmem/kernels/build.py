@@ -204,7 +204,9 @@ def cache_key(family: str, arch: str, config: "str | registry.KernelConfig | Non
     h.update(" ".join(_flags(cfg)).encode())
     name = family if cfg is None else f"{family}-{cfg.name}"
     nvshmem = f"-nvshmem{tc.nvshmem_version}" if uses_nvshmem(family) else ""
-    return f"{name}-sm{arch}{nvshmem}-cutlass{tc.cutlass_version}-{h.hexdigest()[:16]}"
+    # Only the GEMM families include CUTLASS: the others' keys do not name it (their cubins load where it is absent)
+    cutlass = f"-cutlass{tc.cutlass_version}" if cfg is not None else ""
+    return f"{name}-sm{arch}{nvshmem}{cutlass}-{h.hexdigest()[:16]}"
 
 
 @dataclasses.dataclass(frozen=True)

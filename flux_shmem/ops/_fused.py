@@ -21,6 +21,9 @@ MODES = ("auto", "fused", "decomposed")
 # One Hopper SM's dense bf16/fp16 rate as our GEMM reaches it (about 690 TFLOP/s on 132 H200 SMs): only the ratio
 # of GEMM to communication time matters to the choices made with it.
 TFLOPS_PER_SM = 5.2
+# A tile's fixed cost beside its MMA time (epilogue stores, the scheduler's step): gemm_only on 24 and 30 SMs of an
+# H100 (2026-12-05) ran 2.0-2.2 us per tile over the rate above at K = 1024 and 3584 alike.
+TILE_FIXED_US = 2.0
 
 
 def b_layout_of(b: torch.Tensor) -> str:
@@ -138,7 +141,7 @@ class FusedGEMM:
     # ---------------------------------------------------------------------------------------------------------
     def gemm_model(self, k: int, config: str = registry.DEFAULT) -> simulate.Gemm:
         cfg = registry.get(config)
-        return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, cfg.tile_m, cfg.tile_n, cfg.cluster_m)
+        return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US)
 
     def kernel(self, layout: str, config: str) -> kgemm.CutlassGemm:
         return kgemm.CutlassGemm.get(self.family, self.dtype, layout, config)

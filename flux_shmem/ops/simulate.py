@@ -49,14 +49,34 @@ class Links:
     put_block_gbps: float = 15.0     # one block's NVSHMEM put to a mapped peer (H200, 2026-12-04: 15.8 GB/s with
     #                                  one block, 14.6 each with two)
     model_ingress: bool = True       # receivers' links are shared too (False: as link emulation paces, senders only)
+    beside_gemm: float = 0.7         # comm blocks' rates while a GEMM runs on the other SMs, as a share of their rates
+    #                                  alone (H100 2026-12-05, fused calls' stage times: all-gather 23-25 GB/s per
+    #                                  block against 35 alone, reduce 22 against 28-32)
+    pass_latency_us: float = 0.7     # a reduce block's pass waits for one round of loads per source (block_sum: 32
+    #                                  KiB per source per pass): small units are latency-bound, not rate-bound
+    unit_us: float = 1.0             # a reduce unit's fixed cost: its waits, barriers and pacing
+    gemm_beside_comm: float = 1.08   # a GEMM tile's time beside a comm kernel, over its time alone (H100 2026-12-05:
+    #                                  the fused calls' GEMM stage 1.03-1.25x gemm_only on the same SMs)
 
     def __post_init__(self) -> None:
         for f in ("nvlink_gbps", "ib_gbps", "block_gbps", "local_gbps", "ce_gbps", "put_block_gbps"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"Links.{f} must be > 0, got {getattr(self, f)!r}")
-        for f in ("nvlink_latency_us", "ib_latency_us", "put_issue_us"):
+        if not self.gemm_beside_comm >= 1:
+            raise ValueError(f"Links.gemm_beside_comm must be >= 1, got {self.gemm_beside_comm!r}")
+        if not 0 < self.beside_gemm <= 1:
+            raise ValueError(f"Links.beside_gemm must be in (0, 1], got {self.beside_gemm!r}")
+        for f in ("nvlink_latency_us", "ib_latency_us", "put_issue_us", "pass_latency_us", "unit_us"):
             if getattr(self, f) < 0:
                 raise ValueError(f"Links.{f} must be >= 0, got {getattr(self, f)!r}")
+
+    def beside(self) -> "Links":
+        """These links with the comm blocks' rates they have beside a running GEMM (a fused call)."""
+        f = self.beside_gemm
+        if f == 1.0:
+            return self
+        return dataclasses.replace(self, block_gbps=self.block_gbps * f, local_gbps=self.local_gbps * f,
+                                   put_block_gbps=self.put_block_gbps * f, beside_gemm=1.0)
 
     def gbps(self, cls: int) -> float:
         return self.ib_gbps if cls else self.nvlink_gbps
@@ -88,9 +108,16 @@ class Gemm:
     tile_us: float = 100.0
 
     @staticmethod
-    def from_rate(k: int, tflops_per_sm: float, tile_m: int = 128, tile_n: int = 256, cluster_m: int = 2) -> "Gemm":
-        """A tile's time from the K of the problem and one SM's rate (TFLOP/s of the whole GPU / its SMs)."""
-        return Gemm(tile_m, tile_n, cluster_m, 2.0 * tile_m * tile_n * k / (tflops_per_sm * 1e12) * 1e6)
+    def from_rate(k: int, tflops_per_sm: float, tile_m: int = 128, tile_n: int = 256, cluster_m: int = 2,
+                  tile_fixed_us: float = 0.0) -> "Gemm":
+        """A tile's time from the K of the problem and one SM's rate (TFLOP/s of the whole GPU / its SMs), plus a
+        fixed cost per tile (its epilogue)."""
+        return Gemm(tile_m, tile_n, cluster_m, 2.0 * tile_m * tile_n * k / (tflops_per_sm * 1e12) * 1e6 + tile_fixed_us)
+
+    def beside_comm(self, links: "Links") -> "Gemm":
+        """This GEMM as it runs beside a comm kernel (a fused call)."""
+        f = links.gemm_beside_comm
+        return self if f == 1.0 else dataclasses.replace(self, tile_us=self.tile_us * f)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -312,19 +339,23 @@ def simulate_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, gemm
     rows = m // world
     row_bytes = k * elem_bytes
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
-    arr, comm_end = ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, comm_blocks, links, engine)
-    pred = arr if order_links is None else ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, comm_blocks,
-                                                        order_links, engine)[0]
+    # The fused gather runs beside the GEMM, the decomposed one alone (engine 'ce' takes no SMs: no difference).
+    fused_links = links.beside() if engine == "sm" else links
+    arr, comm_end = ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, comm_blocks, fused_links, engine)
+    pred = arr if order_links is None else ag_arrivals(
+        world, node_size, rows, row_bytes, chunk_rows, comm_blocks,
+        order_links.beside() if engine == "sm" else order_links, engine)[0]
     per_pe, detail = [], {"arrival_us": arr, "tile_end_us": {}, "order": {}}
     for pe in (range(world) if pes is None else pes):
         order = sch.ag_tile_order(m, gemm.tile_m, rows, chunk_rows, pred[pe])
         detail["order"][pe] = order
         need = [sch.tile_chunks(t, gemm.tile_m, m, rows, chunk_rows) for t in range(tiles_m)]
         ready = lambda t, a=arr[pe], nd=need: max(a[sc] for sc in nd[t])  # noqa: E731
-        ends, span = run_gemm(order, tiles_n, gemm, swizzle, gemm_sms, ready)
+        ends, span = run_gemm(order, tiles_n, gemm.beside_comm(links), swizzle, gemm_sms, ready)
         detail["tile_end_us"][pe] = ends
         per_pe.append(max(span, comm_end[pe]) + overhead_us)
-    if engine != "sm" or decomposed_comm_blocks not in (None, comm_blocks):  # the decomposed path: SM kernel
+    if engine != "sm" or decomposed_comm_blocks not in (None, comm_blocks) or fused_links is not links:
+        # the decomposed path: the SM kernel, alone
         arr = ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, decomposed_comm_blocks or comm_blocks,
                           links, "sm")[0]
     comm = max(max(a.values()) for a in arr)
@@ -369,6 +400,11 @@ def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.Rs
         t0 = tail_start(p) if tail_start else start_us
         plans.append([steps(b) for b in main] + [[("start", t0)] + steps(b) for b in tail_plan])
     local = links.local_gbps * 1e3
+    lat, unit_us = links.pass_latency_us, links.unit_us
+
+    def floor(nb: int, sources: int) -> float:
+        """A unit's latency floor on one block: a pass per 32 KiB of one source, a round of loads per source."""
+        return unit_us + -(-nb // 32768) * sources * lat
 
     def step(pe, it, t):
         if it[0] == "start":  # a tail block: launched after the GEMM
@@ -377,7 +413,7 @@ def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.Rs
         node = pe // L
         if op == sch.NODE_SUM:
             t = max([t] + [piece_done(node * L + q, piece) for q in range(L)])
-            done = max(t + (nb * L + nb) / local,  # L reads and one write by one block
+            done = max(t + max((nb * L + nb) / local, floor(nb, L)),  # L reads and one write by one block
                        net.gather(pe, range(node * L, node * L + L), nb, t, links.block_gbps))
             if nodes > 1:
                 if seg // L == node:
@@ -394,7 +430,7 @@ def rs_reduce(world: int, node_size: int, m: int, elem_bytes: int, units: sch.Rs
                 if key not in ev.known:
                     return None, key
                 t = max(t, ev.known[key])
-            return t + (nodes + 1) * nb / local, None
+            return t + max((nodes + 1) * nb / local, floor(nb, nodes)), None
         raise ValueError(f"unexpected reduce-scatter item {it}")
 
     return _run_blocks(plans, step, ev, start_us)
@@ -422,14 +458,14 @@ def simulate_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, gemm
         order = orders[pe] = sch.rs_tile_order(pe, world, node_size, m, gemm.tile_m)
         key = tuple(order)
         if key not in by_order:
-            e, span = run_gemm(order, tiles_n, gemm, swizzle, gemm_sms)
+            e, span = run_gemm(order, tiles_n, gemm.beside_comm(links), swizzle, gemm_sms)
             by_order[key] = ({(t, g): max(e[t][g * gt:(g + 1) * gt]) for t in range(tiles_m)
                               for g in range(units.groups)}, span,
                              sch.rs_completion(order, tiles_n, gemm.cluster_m, swizzle, gt))
         d, span, completions[pe] = by_order[key]
         done.append(d)
         spans.append(span)
-    red = rs_reduce(world, node_size, m, elem_bytes, units, comm_blocks, lambda q, p: done[q][p], links,
+    red = rs_reduce(world, node_size, m, elem_bytes, units, comm_blocks, lambda q, p: done[q][p], links.beside(),
                     completions=[completions[q] for q in range(world)], tail=tail, tail_blocks=tail_blocks,
                     tail_start=lambda q: spans[q])
     per_pe = [max(a, b) + overhead_us for a, b in zip(spans, red)]
@@ -586,7 +622,8 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     # the model's block rates (reads of every node peer's addend and a write; independent of the units' width).
     L, nodes = node_size, world // node_size
     seg_bytes = nodes * (m // world) * n * elem_bytes  # a PE's NODE_SUM bytes (one addend)
-    per_byte = max(1 / (links.block_gbps * 1e3) if L > 1 else 0.0, (L + 1) / (links.local_gbps * 1e3))
+    bl = links.beside()  # the fused reduce runs beside the GEMM
+    per_byte = max(1 / (bl.block_gbps * 1e3) if L > 1 else 0.0, (L + 1) / (bl.local_gbps * 1e3))
 
     def bound(c) -> float:
         _, cb, sw, _, tail = c
