@@ -309,18 +309,26 @@ def test_tune_cli_check(capsys):
 
 def test_fused_ops_choose_within_their_tile_height(monkeypatch):
     """The fused ops ask the chooser too (issue 11): the fused GEMM keeps the op's tile height and whole tiles,
-    the plain GEMM of AllGatherGEMM may take any configuration."""
-    import types
-    import torch
-    from flux_shmem.ops._fused import FusedGEMM
+    the plain GEMM of AllGatherGEMM may take any configuration. Their tuning-cache entries and forced fields are
+    snapshots (PE 0's, agreed at construction), never the file or the environment of the calling PE."""
+    import dataclasses
+    from flux_shmem.ops import simulate
+    from flux_shmem.ops._fused import PlanInputs
 
     same_height = tuple(c for c in registry.names() if registry.get(c).tile_m == registry.get(registry.DEFAULT).tile_m)
-    op = types.SimpleNamespace(n=1280, k=8192, dtype=torch.bfloat16, configs=same_height, plain_configs=lambda: None,
-                              _choices={})
-    monkeypatch.setattr(config, "_tuned", lambda *a, **k: None)
-    plain = FusedGEMM.gemm_choice(op, 8192, "nk", 132)
+    inp = PlanInputs(family="ag_gemm", world=8, node_size=8, n=1280, k=8192, dtype="bf16", elem_bytes=2,
+                     mode="auto", budget_sms=132, sms=132, cluster_m=2, links=simulate.Links(), comm_blocks=None,
+                     fused_configs=same_height, plain_configs=None)
+    monkeypatch.setattr(config, "_tuned", lambda *a, **k: pytest.fail("the fused ops read no cache file"))
+    plain = inp.choice(8192, "nk", 132, False)
     assert plain.split > 1  # the QKV shard shape's partial last wave is split in the plain GEMM ...
-    fused = FusedGEMM.gemm_choice(op, 8192, "nk", 132, fused=True)
+    fused = inp.choice(8192, "nk", 132, True)
     assert fused.config in same_height and fused.split == 1 and "fused: whole tiles" in fused.reason  # ... not fused
-    monkeypatch.setenv(config.ENV_FORCE, "config=128x128_c2x1_pp")
-    assert FusedGEMM.gemm_choice(op, 8192, "nk", 116, fused=True).config == "128x128_c2x1_pp"
+    monkeypatch.setenv(config.ENV_FORCE, "config=128x256_c2x1")  # this PE's environment: ignored
+    forced = dataclasses.replace(inp, forced=(("config", "128x128_c2x1_pp"),))
+    assert forced.choice(8192, "nk", 116, True).config == "128x128_c2x1_pp"
+    entry = tune_cache.Entry("128x128_c2x1", 2, 1, 0.05, candidates=3, measured="now")
+    tuned = dataclasses.replace(inp, tuned=((("nk", 4096, 132), entry),))
+    c = tuned.choice(4096, "nk", 132, False)
+    assert (c.config, c.swizzle, c.source) == ("128x128_c2x1", 2, "tuned")
+    assert tuned.choice(4096, "kn", 132, False).source == "heuristic"

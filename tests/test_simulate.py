@@ -70,16 +70,19 @@ def _rs(world, L, n, k, cb, links=S.Links()):
 
 # (world, node size, engine, comm blocks) -> (fused us, decomposed us, comm us): the up projection at TP = world
 AG_PINNED = {
-    (2, 2, "ce", 1): (2894, 3123, 233), (2, 2, "sm", 4): (2936, 3123, 233),
-    (4, 4, "ce", 1): (1451, 1749, 303), (4, 4, "sm", 4): (1468, 1749, 303),
-    (8, 8, "ce", 1): (754, 1062, 339), (8, 8, "sm", 8): (837, 1062, 339),
-    (16, 8, "sm", 16): (484, 746, 333),
+    (2, 2, "ce", 1): (2894, 3123, 233), (2, 2, "sm", 4): (3225, 3123, 233),
+    (4, 4, "ce", 1): (1451, 1749, 303), (4, 4, "sm", 4): (1612, 1749, 303),
+    (8, 8, "ce", 1): (754, 1062, 339), (8, 8, "sm", 8): (920, 1062, 339),
+    (16, 8, "sm", 16): (528, 746, 333),
 }
 # (world, node size, comm blocks) -> (fused, decomposed, comm): the down projection at TP = world
 RS_PINNED = {
-    (2, 2, 4): (2943, 3079, 188), (4, 4, 4): (1489, 1745, 300), (8, 8, 4): (801, 1104, 381),
-    (16, 8, 8): (481, 763, 402),
+    (2, 2, 4): (3269, 3135, 244), (4, 4, 4): (1657, 1745, 300), (8, 8, 4): (992, 1105, 382),
+    (16, 8, 8): (614, 777, 416),
 }
+# At W = 2 the SM engine's communication (8% of the GEMM) is worth less than the GEMM's slowdown beside a comm
+# kernel (Links.gemm_beside_comm) and its SMs: the model has fused slower there, and mode 'auto' does not fuse.
+SM_LOSES = {(2, 2, "sm", 4), (2, 2, 4)}
 
 
 @pytest.mark.parametrize("key", list(AG_PINNED))
@@ -87,7 +90,7 @@ def test_ag_gemm_predictions_pinned(key):
     world, L, engine, cb = key
     r = _ag(world, L, FFN // world, HID, engine, cb)
     assert (r.fused_us, r.decomposed_us, r.comm_us) == pytest.approx(AG_PINNED[key], rel=0.01)
-    assert r.gemm_all_us <= r.fused_us < r.decomposed_us
+    assert r.gemm_all_us <= r.fused_us and (r.fused_us < r.decomposed_us) == (key not in SM_LOSES)
 
 
 @pytest.mark.parametrize("key", list(RS_PINNED))
@@ -95,7 +98,7 @@ def test_gemm_rs_predictions_pinned(key):
     world, L, cb = key
     r = _rs(world, L, HID, FFN // world, cb)
     assert (r.fused_us, r.decomposed_us, r.comm_us) == pytest.approx(RS_PINNED[key], rel=0.01)
-    assert r.gemm_all_us <= r.fused_us < r.decomposed_us
+    assert r.gemm_all_us <= r.fused_us and (r.fused_us < r.decomposed_us) == (key not in SM_LOSES)
 
 
 def _choose(op, n, k):
@@ -108,23 +111,21 @@ def _choose(op, n, k):
 
 
 @pytest.mark.parametrize("op,n,k,hidden", [
-    ("ag_gemm", FFN // 8, HID, 0.90),           # up (or gate): 8192 x 3584 x 8192, comm 0.47x GEMM (copy engines)
+    ("ag_gemm", FFN // 8, HID, 0.91),           # up (or gate): 8192 x 3584 x 8192, comm 0.47x GEMM (copy engines)
     ("ag_gemm", (64 + 2 * 8) * 128 // 8, HID, None),  # QKV: 8192 x 1280 x 8192, comm 1.09x
     ("ag_gemm", 2 * FFN // 8, HID, None),       # gate+up fused: 8192 x 7168 x 8192, comm 0.23x
-    ("gemm_rs", HID, FFN // 8, 0.89),           # down: 8192 x 8192 x 3584, comm 0.53x
+    ("gemm_rs", HID, FFN // 8, 0.57),           # down: 8192 x 8192 x 3584, comm 0.53x
     ("gemm_rs", HID, HID // 8, None),           # o_proj: 8192 x 8192 x 1024, comm 1.85x
 ])
 def test_w8_llama70b(op, n, k, hidden):
     """The ops' own choices (engine, SM split, tail, reduce units) at W = 8, M = 8192 on the Llama-3-70B TP8 shard
     shapes: never slower than decomposed, and on the shapes whose communication is 0.3x to 1x the GEMM the share
-    hidden is pinned. The issue's bar is 85%, with the default H200 link model (40 GB/s per comm block over NVLink:
-    on one H200 a block moves 30-38 GB/s between PEs, check comm_block_rates; real NVLink's is unmeasured here).
-    AG+GEMM (copy engines) predicts 90%. GEMM+RS predicts 89%: the GEMM walks swizzle groups of 4 cluster rows (tile
-    t of all 8 segments) and units are half a row wide, so each wave completes half of one M-tile of every owner and
-    the last wave leaves each owner 7 x 1 MB to read (~20 us over a 360 GB/s link). With whole rows, one row at a
-    time, the last wave's 4 M-tiles left 4 owners 7 x 2 MB each (~41 us) and the best was 83% with a tail kernel.
-    Spreading the last wave's units over every PE of the node (each sums a share and stores it into the owner's
-    receive slot) was modelled and lost: the helpers' reads queue behind the comm blocks' backlog (2026-12-04)."""
+    hidden is pinned, with the default H200 link model (40 GB/s per comm block over NVLink: on one H200 a block
+    moves 30-38 GB/s between PEs, check comm_block_rates; real NVLink's is unmeasured here). AG+GEMM (copy engines)
+    predicts 91%. GEMM+RS 57% (was 89% before the H100 runs of 2026-12-05 gave the model a GEMM 10% slower beside a
+    comm kernel and a reduce unit's fixed cost of 5.5 us): 8 comm blocks, swizzle groups of 4 cluster rows with
+    units 15 N-tiles wide and a tail. Both constants come from emulated runs, where W PEs share one GPU's L2 and
+    memory; what they are on NVLink-connected GPUs is for the first multi-GPU run to say."""
     split, r = _choose(op, n, k)
     ratio = r.comm_us / r.gemm_all_us
     assert r.fused_us < r.decomposed_us, (split, r.as_dict())
@@ -132,7 +133,7 @@ def test_w8_llama70b(op, n, k, hidden):
     if hidden is not None:
         assert r.hidden == pytest.approx(hidden, abs=0.01), (split, ratio, r.as_dict())
     if op == "gemm_rs" and hidden is not None:
-        assert (split.swizzle, split.group_tiles) == (4, 16), split
+        assert (split.comm_blocks, split.swizzle, split.group_tiles) == (8, 4, 15), split
 
 
 def test_rs_shapes_and_last_wave():
@@ -148,57 +149,79 @@ def test_rs_shapes_and_last_wave():
 
 
 def test_column_groups_spread_the_last_wave():
-    """W = 8, Llama-3-70B down at M = 8192: the same split with half-row units in 4-row swizzle groups ends sooner
-    after the GEMM than with whole rows one row at a time, and every owner ends at about the same time."""
+    """W = 8, Llama-3-70B down at M = 8192: the same split with half-row units in 4-row swizzle groups ends every
+    owner at about the same time, where whole rows one row at a time leave the last wave's owners behind; but on 4
+    comm blocks its twice as many units cost more than that gains (the fixed cost per unit, measured on an H100
+    2026-12-05: 2 blocks on units 7 N-tiles wide ran 0.60x of decomposed where whole rows ran 1.15x)."""
     g = S.Gemm.from_rate(FFN // 8, RATE)
     kw = dict(world=8, node_size=8, m=M, n=HID, k=FFN // 8, gemm=g, gemm_sms=128, all_sms=132, comm_blocks=4,
               unit_rows=8, decomposed_comm_blocks=24)
     rows = S.simulate_gemm_rs(**kw)
     spread = S.simulate_gemm_rs(**kw, swizzle=4, group_tiles=16)
     assert spread.gemm_us == rows.gemm_us
-    assert spread.fused_us - spread.gemm_us < 0.6 * (rows.fused_us - rows.gemm_us)
     ends = spread.detail["reduce_end_us"]
     assert max(ends) - min(ends) < 0.25 * (max(rows.detail["reduce_end_us"]) - min(rows.detail["reduce_end_us"]))
+    assert spread.fused_us > rows.fused_us
 
 
-# Measured 2026-12-04 on one H200 (benchmarks/RESULTS.md, seventh session, call 1): W PEs under MPS, each in a green
-# context of 128 / W SMs, NVLink emulated at 360 GB/s x SMs / 132, comm blocks copying through registers.
-EMULATED_RUNS = [  # W, op, M, N, K per PE, comm blocks, GEMM SMs, tail M-tiles, gemm_only ms, measured fused ms
-    (2, "ag_gemm", 8192, 3584, 8192, 2, 62, 0, 1.263, 1.427),
-    (2, "ag_gemm", 4096, 3584, 8192, 2, 62, 0, 0.629, 0.760),
-    (2, "ag_gemm", 8192, 1280, 8192, 4, 60, 0, 0.444, 0.692),
-    (2, "gemm_rs", 8192, 8192, 3584, 4, 60, 4, 1.283, 1.634),
-    (2, "gemm_rs", 4096, 8192, 3584, 4, 60, 4, 0.641, 0.837),
-    (2, "gemm_rs", 8192, 8192, 1024, 16, 48, 0, 0.417, 0.633),
-    (4, "ag_gemm", 8192, 3584, 8192, 2, 30, 0, 2.730, 2.967),
-    (4, "ag_gemm", 4096, 3584, 8192, 2, 30, 0, 1.346, 1.481),
-    (4, "ag_gemm", 8192, 1280, 8192, 4, 28, 0, 0.910, 1.344),
-    (4, "gemm_rs", 8192, 8192, 3584, 2, 30, 4, 2.787, 3.230),
-    (4, "gemm_rs", 4096, 8192, 3584, 2, 30, 4, 1.362, 1.675),
-    (4, "gemm_rs", 8192, 8192, 1024, 8, 24, 0, 0.893, 1.403),
+# Measured 2026-12-05 on one H100 (benchmarks/RESULTS.md, this session's calls 2 and 3): W PEs under MPS, each in a
+# green context of 128 / W SMs, NVLink emulated at 360 GB/s x SMs / 132. GEMM+RS rows of call 2 have whole-row units
+# (the reduce kernel before 0ac97cd, whose passes only cost more on narrow units); the others ran 0ac97cd's kernel.
+EMULATED_RUNS = [  # W, op, M, N, K per PE, comm blocks, GEMM SMs, swizzle, unit width (0: whole rows), tail pieces,
+    #                gemm_only ms on all SMs, measured fused ms
+    (2, "ag_gemm", 8192, 3584, 8192, 2, 62, 1, 0, 0, 1.259, 1.455),
+    (2, "ag_gemm", 4096, 3584, 8192, 2, 62, 1, 0, 0, 0.628, 0.773),
+    (2, "ag_gemm", 8192, 1280, 8192, 8, 56, 1, 0, 0, 0.443, 0.624),
+    (4, "ag_gemm", 8192, 3584, 8192, 2, 30, 1, 0, 0, 2.863, 3.471),
+    (4, "ag_gemm", 4096, 3584, 8192, 2, 30, 1, 0, 0, 1.402, 1.710),
+    (4, "ag_gemm", 8192, 1280, 8192, 4, 28, 1, 0, 0, 0.925, 1.425),
+    (2, "gemm_rs", 8192, 8192, 3584, 8, 56, 1, 0, 2, 1.289, 1.764),
+    (2, "gemm_rs", 4096, 8192, 3584, 8, 56, 2, 14, 0, 0.644, 0.893),
+    (2, "gemm_rs", 8192, 8192, 1024, 16, 48, 2, 12, 0, 0.428, 0.862),
+    (2, "gemm_rs", 8192, 8192, 3584, 16, 48, 2, 12, 0, 1.288, 1.856),
+    (4, "gemm_rs", 8192, 8192, 3584, 2, 30, 2, 7, 18, 3.078, 4.872),  # 2 blocks on narrow units: 0.60x before 0ac97cd
+    (4, "gemm_rs", 4096, 8192, 3584, 2, 30, 2, 7, 18, 1.502, 2.335),
+    (4, "gemm_rs", 8192, 8192, 1024, 8, 24, 2, 6, 0, 1.069, 1.666),
+    (4, "gemm_rs", 8192, 8192, 3584, 2, 30, 1, 0, 2, 3.075, 3.696),
+    (4, "gemm_rs", 4096, 8192, 3584, 2, 30, 1, 0, 2, 1.501, 1.902),
+    (4, "gemm_rs", 8192, 8192, 3584, 8, 24, 1, 0, 0, 3.079, 4.123),
+    (4, "gemm_rs", 4096, 8192, 3584, 8, 24, 1, 0, 0, 1.502, 2.077),
+    (4, "gemm_rs", 8192, 8192, 1024, 8, 24, 1, 0, 0, 1.091, 1.706),
 ]
 
 
-@pytest.mark.parametrize("run", EMULATED_RUNS, ids=lambda r: f"{r[1]}-w{r[0]}-{r[2]}x{r[3]}x{r[4]}")
-def test_reproduces_measured_emulated_runs(run):
-    """The simulator against the emulated runs, with their splits, the measured GEMM speed and the block rates of
-    the register copies they ran with: within 15% (issue 10's bar). Errors (model - measured) / measured were
-    -0.7% to -9.3%: the model is a little optimistic, most for GEMM+RS, whose fused GEMM ran 7-12% over gemm_only
-    on the same SMs (a cost of the fused call the model does not have)."""
-    W, op, m, n, k, cb, gs, tail, gemm_ms, fused_ms = run
+def _emulated(run):
+    W, op, m, n, k, cb, gs, sw, gt, tail, gemm_ms, _ = run
     sms = 128 // W
-    g = S.Gemm.from_rate(k, 2 * m * n * k / (gemm_ms * 1e-3) / 1e12 / sms)
-    links = S.emulated_links(360.0 * sms / 132, 1.5, block_gbps=35.0, local_gbps=32.0)
+    waves = -(-(-(-m // 256) * -(-n // 256)) // (sms // 2))  # 128x256 tiles in clusters of 2 on sms // 2 clusters
+    g = S.Gemm(tile_us=gemm_ms * 1e3 / waves)  # the measured GEMM: the test is of the overlap model
+    links = S.emulated_links(360.0 * sms / 132, 1.5)
     if op == "ag_gemm":
-        r = S.simulate_ag_gemm(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms, comm_blocks=cb,
-                               chunk_rows=sch.fused_chunk_rows(m // W, 2 * k, 128), swizzle=1, links=links, pes=[0],
-                               decomposed_comm_blocks=16)
-    else:
-        r = S.simulate_gemm_rs(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms, comm_blocks=cb,
-                               unit_rows=sch.default_unit_rows(n, 2), swizzle=1, links=links,
-                               decomposed_comm_blocks=24, tail=tail, tail_blocks=sms)
-    err = (r.fused_us / 1e3 - fused_ms) / fused_ms
+        return S.simulate_ag_gemm(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms,
+                                  comm_blocks=cb, chunk_rows=sch.fused_chunk_rows(m // W, 2 * k, 128), swizzle=sw,
+                                  links=links, pes=[0], decomposed_comm_blocks=16)
+    return S.simulate_gemm_rs(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms, comm_blocks=cb,
+                              unit_rows=sch.default_unit_rows(n, 2), swizzle=sw, group_tiles=gt or None, links=links,
+                              decomposed_comm_blocks=24, tail=tail, tail_blocks=sms)
+
+
+@pytest.mark.parametrize("run", EMULATED_RUNS, ids=lambda r: f"{r[1]}-w{r[0]}-{r[2]}x{r[3]}x{r[4]}-cb{r[5]}-u{r[8]}")
+def test_reproduces_measured_emulated_runs(run):
+    """The simulator against the emulated runs, with their splits and the measured GEMM speed: within 15% (issue
+    10's bar, and issue 27's: the 0.60x run, a reduce kernel of 2 blocks on units 7 N-tiles wide, was predicted
+    24% fast by the model of the time, which had no fixed cost per unit worth the name). Errors were -10% to +12%."""
+    err = (_emulated(run).fused_us / 1e3 - run[-1]) / run[-1]
     assert abs(err) <= 0.15, err
+
+
+def test_too_few_reduce_blocks_are_seen():
+    """The case of issue 27: 2 reduce blocks on narrow units end long after the GEMM, and the model says so (its
+    reduce ends > 1.3x after the GEMM, fused slower than whole rows on the same 2 blocks, as measured: 4.87 vs
+    3.70 ms)."""
+    narrow = _emulated(EMULATED_RUNS[10])
+    whole = _emulated(EMULATED_RUNS[13])
+    assert max(narrow.detail["reduce_end_us"]) > 1.3 * narrow.gemm_us
+    assert narrow.fused_us > 1.2 * whole.fused_us
 
 
 def test_emulated_link_model_paces_initiators_only():

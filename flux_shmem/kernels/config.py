@@ -36,7 +36,7 @@ import functools
 import math
 import os
 import sys
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FluxShmemError
 from . import registry
@@ -341,19 +341,29 @@ def _fit_group(choice: Choice, m: int, group_rows: Optional[int]) -> Choice:
 
 
 def choose(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_rows: Optional[int] = None, *,
-           configs: Optional[Sequence[str]] = None, device=None, use_cache: bool = True) -> Choice:
+           configs: Optional[Sequence[str]] = None, device=None, use_cache: bool = True,
+           tuned: Optional[Mapping[tuple, "object"]] = None, force: Optional[Mapping[str, object]] = None) -> Choice:
     """The configuration, swizzle and split for D[m, n] = A[m, k] @ B on `sm_count` SMs (see the module docstring).
 
     dtype: 'bf16'/'fp16' or a torch dtype; layout: 'kn' (B [K, N]) or 'nk' (B [N, K]); group_rows: the fused ops'
     cap on the swizzle group, in rows; configs: restrict to these registry names (e.g. the tile_m a fused op was
     built for); device: a tune_cache.DeviceKey (default: the current CUDA device, when there is one) for the
-    tuning-cache lookup; use_cache=False: the heuristic alone."""
+    tuning-cache lookup; use_cache=False: the heuristic alone. `tuned` and `force` replace the cache file and
+    FLUX_SHMEM_GEMM_CONFIG with snapshots ({(layout, m, sm_count): tune_cache.Entry} of this n, k and dtype, and
+    `forced()`): the fused ops take both from PE 0 at construction, so that every PE chooses alike (their peers
+    read tiles by the plan) and no call tunes on one PE only."""
     _check(m, n, k, dtype, layout, sm_count)
     dt = dtype_name(dtype)
     allowed = list(configs) if configs is not None else list(registry.names())
-    force = forced()
+    force = forced() if force is None else dict(force)
     choice = None
-    if use_cache and "config" not in force:
+    if tuned is not None:
+        entry = tuned.get((layout, m, sm_count)) if use_cache and "config" not in force else None
+        if entry is not None and entry.config in allowed:
+            choice = Choice(entry.config, entry.swizzle, entry.split, "tuned",
+                            f"measured {entry.ms * 1e3:.0f} us ({entry.candidates} candidates, {entry.measured}; "
+                            "PE 0's tuning cache)", round(entry.ms * 1e3, 1))
+    elif use_cache and "config" not in force:
         choice = _tuned(m, n, k, dt, layout, sm_count, allowed, device)
     if choice is not None:
         choice = _fit_group(choice, m, group_rows)

@@ -227,6 +227,26 @@ def shared() -> TuneCache:
     return _SHARED[path]
 
 
+def snapshot(dtype: str, n: int, k: int) -> Dict[tuple, Entry]:
+    """This GPU's measured entries for GEMMs [m, k] x [k, n] of `dtype`, keyed (layout, m, SMs): what
+    a fused op takes from PE 0 at construction (config.choose(tuned=)). Empty without a GPU or a usable file."""
+    device = current_device(1)
+    if device is None:
+        return {}
+    try:
+        entries = shared().entries()
+    except TuneCacheError as e:
+        warn_once(str(e))
+        return {}
+    out: Dict[tuple, Entry] = {}
+    for key, entry in entries.items():
+        g = _KEY_RE.match(key)
+        if g and g["gpu"] == device.gpu and g["cuda"] == device.cuda and g["dt"] == dtype and \
+                int(g["n"]) == n and int(g["k"]) == k:
+            out[(g["lay"], int(g["m"]), int(g["sm"]))] = entry
+    return out
+
+
 def warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)

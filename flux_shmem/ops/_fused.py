@@ -3,6 +3,7 @@ split between GEMM and communication, tile orders, and the per-M call plan chose
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Optional
 
@@ -10,8 +11,8 @@ import torch
 
 from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
-from ..kernels import registry
-from ..runtime import pacing, partition
+from ..kernels import registry, tune_cache
+from ..runtime import pacing, partition, symmetric
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
 from . import simulate
@@ -45,7 +46,7 @@ class CallPlan:
     comm_blocks: int                # thread blocks of the communication kernel
     gemm_sms: int                   # persistent GEMM CTAs of the path taken
     swizzle: int                    # scheduler swizzle of the path taken
-    order: Optional[torch.Tensor]   # M-tile order table of the fused path
+    order: Optional[torch.Tensor]   # M-tile order table of the fused path (plan_call: a list)
     predicted: Optional[simulate.Result]
     reason: str
     tail: int = 0                   # GEMM+RS: (M-tile, column group) pieces reduced after the GEMM, on
@@ -67,6 +68,107 @@ class CallPlan:
         return (f"{self.path} (engine={self.engine}, comm_blocks={self.comm_blocks}, gemm_sms={self.gemm_sms}, "
                 f"swizzle={self.swizzle}{tail}{gemm}"
                 f"{model}; {self.reason})")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """Everything a fused op's call plans depend on, agreed by every PE at construction (`symmetric.agree`): the
+    plans are a pure function of these, M and the B layout (`plan_call`), so every PE plans alike and a PE built
+    with other inputs raises there instead of hanging its peers in a call. The PE's rank only picks its own M-tile
+    order table out of the plan."""
+
+    family: str                     # 'ag_gemm' or 'gemm_rs'
+    world: int
+    node_size: int
+    n: int
+    k: int
+    dtype: str                      # 'bf16' / 'fp16'
+    elem_bytes: int
+    mode: str
+    budget_sms: int                 # this context's SM budget (MPS share, green context)
+    sms: int                        # persistent grid of the unfused GEMM (the budget in whole clusters)
+    cluster_m: int
+    links: simulate.Links
+    comm_blocks: Optional[int]      # given by the caller (None: the planner's choice)
+    fused_configs: tuple[str, ...]  # configurations the fused GEMM may use
+    plain_configs: Optional[tuple[str, ...]]  # ... the unfused one (None: all)
+    tuned: tuple = ()               # PE 0's tuning-cache entries of this (n, k, dtype): ((layout, m, SMs), Entry)
+    forced: tuple = ()              # PE 0's FLUX_SHMEM_GEMM_CONFIG fields
+    # AllGatherGEMM
+    engines: tuple[str, ...] = ("sm",)
+    chunk_rows: int = 0
+    # GEMMReduceScatter
+    unit_rows: int = 0
+    group_tiles: Optional[int] = None
+    decomposed_comm_blocks: int = 0
+
+    def choice(self, m: int, layout: str, sm_count: int, fused: bool) -> kconfig.Choice:
+        """The GEMM configuration for M = m on `sm_count` SMs. The fused GEMM keeps the op's tile height and whole
+        tiles (split 1): its overlap plan (arrival order, counters per M-tile, tail) is made for those."""
+        return _choice(self, m, layout, sm_count, fused)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choice(inp: PlanInputs, m: int, layout: str, sm_count: int, fused: bool) -> kconfig.Choice:
+    c = kconfig.choose(m, inp.n, inp.k, inp.dtype, layout, sm_count,
+                       configs=inp.fused_configs if fused else inp.plain_configs, tuned=dict(inp.tuned),
+                       force=dict(inp.forced))
+    if fused and c.split > 1:
+        c = dataclasses.replace(c, split=1, reason=c.reason + "; fused: whole tiles")
+    return c
+
+
+def gemm_model(k: int, config: str = registry.DEFAULT) -> simulate.Gemm:
+    cfg = registry.get(config)
+    return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US)
+
+
+@functools.lru_cache(maxsize=64)
+def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
+    """The simulator's choice of engine and SM split for a fused call with M = m, from nothing but the agreed
+    inputs (AllGatherGEMM: on PE 0's view of the arrivals and its GEMM; GEMMReduceScatter: every PE's)."""
+    g = gemm_model(inp.k, config)
+    if inp.family == "ag_gemm":
+        return simulate.plan_ag_gemm(
+            world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
+            budget_sms=inp.budget_sms, chunk_rows=inp.chunk_rows, links=inp.links, engines=inp.engines,
+            comm_blocks=inp.comm_blocks, decomposed_comm_blocks=inp.decomposed_comm_blocks, pes=[0])
+    return simulate.plan_gemm_rs(
+        world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
+        budget_sms=inp.budget_sms, unit_rows=inp.unit_rows, links=inp.links, comm_blocks=inp.comm_blocks,
+        decomposed_comm_blocks=inp.decomposed_comm_blocks, group_tiles=inp.group_tiles)
+
+
+def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
+    """How a call with M = m and B layout `layout` runs on PE `rank`: path, engine, SM split, GEMM configuration,
+    swizzle, tile order (a list; the op keeps it as a device tensor). Everything but the order is the same on every
+    PE. The split (and engine, where there is a choice) is the one the simulator predicts fastest with the chosen
+    configuration; mode 'auto' fuses when that prediction beats the decomposed path."""
+    plain = inp.choice(m, layout, inp.sms, False)
+    if inp.world == 1:
+        return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
+                        gemm=plain)
+    fused = inp.choice(m, layout, inp.sms, True)
+    try:
+        sp, r = plan_split(inp, m, fused.config)
+    except simulate.NoSplit:
+        if inp.mode == "fused":
+            raise ValueError(f"the fused path needs comm_blocks + {inp.cluster_m} SMs beside each other; this "
+                             f"context may use {inp.budget_sms}: raise the MPS share or lower comm_blocks") from None
+        return CallPlan("decomposed", "sm", inp.comm_blocks or 1, inp.sms, plain.swizzle, None, None,
+                        f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel",
+                        gemm=plain)
+    if inp.mode != "auto":
+        path, why = inp.mode, f"mode={inp.mode}"
+    else:
+        path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
+        why = "auto: the simulator's prediction"
+    if path == "fused":
+        order = simulate.ag_order(r, rank, m, registry.get(fused.config).tile_m, inp.world, inp.chunk_rows) \
+            if inp.family == "ag_gemm" else r.detail["order"][rank]
+        return CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, list(order), r, why, sp.tail,
+                        sp.tail_blocks, sp.group_tiles, gemm=fused)
+    return CallPlan(path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, why, gemm=plain)
 
 
 def start_event_enabled() -> bool:
@@ -135,13 +237,32 @@ class FusedGEMM:
         # Puts to PEs whose memory is mapped here (forced puts, node groups of one host) are copies by the
         # issuing block (seen 2026-12-04: forced puts, 2 PEs, the plan's 1 gather block moved 15 GB/s).
         self.links = dataclasses.replace(self.links, put_by_blocks=all(rt.reachable))
-        self._plans: dict[int, CallPlan] = {}
-        self._choices: dict[tuple, kconfig.Choice] = {}
+
+        self._plans: dict[tuple, CallPlan] = {}
+        # The chooser's inputs that live outside the arguments (tuning cache, FLUX_SHMEM_GEMM_CONFIG) are PE 0's,
+        # read once: every PE then chooses the same GEMM configuration for every M.
+        dt = kconfig.dtype_name(dtype)
+        self._tuned, self._forced = rt.host.allgather((tuple(sorted(tune_cache.snapshot(dt, n, k).items())),
+                                                       tuple(sorted(kconfig.forced().items()))))[0]
+        self.inputs = self.plan_inputs()
 
     # ---------------------------------------------------------------------------------------------------------
-    def gemm_model(self, k: int, config: str = registry.DEFAULT) -> simulate.Gemm:
-        cfg = registry.get(config)
-        return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US)
+    def plan_inputs(self, **family) -> PlanInputs:
+        """This op's planner inputs (`family`: the op's own fields of PlanInputs)."""
+        return PlanInputs(family=self.family, world=self.rt.world_size, node_size=self.rt.node_size, n=self.n,
+                          k=self.k, dtype=kconfig.dtype_name(self.dtype),
+                          elem_bytes=torch.empty((), dtype=self.dtype).element_size(), mode=self.mode,
+                          budget_sms=self.budget.sms, sms=self.sms, cluster_m=self.cluster_m, links=self.links,
+                          comm_blocks=self.comm_blocks, fused_configs=self.configs,
+                          plain_configs=self.plain_configs(), tuned=self._tuned, forced=self._forced, **family)
+
+    def agree_inputs(self, **family) -> None:
+        """Fix this op's planner inputs and check that every PE has the same (collective): SM budgets, link models
+        (emulation, forced puts, reachability), world and node size, GEMM choices' sources."""
+        self.inputs = self.plan_inputs(**family)
+        symmetric.agree(f"{type(self).__name__}'s planner inputs (SM budget, links, GEMM configurations; give every "
+                        "PE the same MPS share or green-context size, FLUX_SHMEM_LINK_* and FLUX_SHMEM_FORCE_PUT)",
+                        self.inputs)
 
     def kernel(self, layout: str, config: str) -> kgemm.CutlassGemm:
         return kgemm.CutlassGemm.get(self.family, self.dtype, layout, config)
@@ -151,64 +272,23 @@ class FusedGEMM:
         return None
 
     def gemm_choice(self, m: int, layout: str, sm_count: int, *, fused: bool = False) -> kconfig.Choice:
-        """The chooser's configuration for this op's GEMM with M = m on `sm_count` SMs. The fused GEMM keeps the
-        op's tile height and whole tiles (split 1): its overlap plan (arrival order, counters per M-tile, tail)
-        is made for those. Chosen once per (m, layout, SMs) for the op's life, like the call plans: asking the
-        chooser (environment, tuning-cache file) on every call cost more host time than a small GEMM runs."""
-        key = (m, layout, sm_count, fused)
-        hit = self._choices.get(key)
-        if hit is not None:
-            return hit
-        configs = self.configs if fused else self.plain_configs()
-        c = kconfig.choose(m, self.n, self.k, self.dtype, layout, sm_count, configs=configs)
-        if fused and c.split > 1:
-            c = dataclasses.replace(c, split=1, reason=c.reason + "; fused: whole tiles")
-        self._choices[key] = c
-        return c
-
-    def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
-        """The simulator's choice of engine and SM split for a fused call with M = m, and its prediction."""
-        raise NotImplementedError
+        """The configuration for this op's GEMM with M = m on `sm_count` SMs (PlanInputs.choice)."""
+        return self.inputs.choice(m, layout, sm_count, fused)
 
     def call_plan(self, m: int, layout: str = "nk") -> CallPlan:
-        """How a call with M = m and B layout `layout` runs: path, engine, SM split, GEMM configuration, swizzle,
-        tile order (cached). The split (and engine, where there is a choice) is the one the simulator predicts
-        fastest with the chosen configuration; mode 'auto' fuses when that prediction beats the decomposed
-        path."""
+        """How a call with M = m and B layout `layout` runs (`plan_call`, cached per (m, layout))."""
         key = (m, layout)
-        if key in self._plans:
-            return self._plans[key]
-        rt = self.rt
-        not_capturing(f"{type(self).__name__} with M = {m}")
-        plain = self.gemm_choice(m, layout, self.sms)
-        if rt.world_size == 1:
-            plan = CallPlan("gemm", "sm", 0, self.sms, plain.swizzle, None, None,
-                            "one PE: nothing to communicate", gemm=plain)
-        else:
-            fused = self.gemm_choice(m, layout, self.sms, fused=True)
+        plan = self._plans.get(key)
+        if plan is None:
+            not_capturing(f"{type(self).__name__} with M = {m}")
             try:
-                sp, r = self.split(m, fused.config)
-            except simulate.NoSplit:
-                if self.mode == "fused":
-                    raise ValueError(f"{type(self).__name__}: the fused path needs comm_blocks + {self.cluster_m} "
-                                     f"SMs beside each other; this context may use {self.budget.sms} "
-                                     f"({self.budget.source}): raise the MPS share or lower comm_blocks") from None
-                plan = CallPlan("decomposed", "sm", self.comm_blocks or 1, self.sms, plain.swizzle, None,
-                                None, f"the SM budget ({self.budget.sms}) leaves no room for a GEMM beside the "
-                                      "comm kernel", gemm=plain)
-            else:
-                if self.mode != "auto":
-                    path, why = self.mode, f"mode={self.mode}"
-                else:
-                    path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
-                    why = "auto: the simulator's prediction"
-                order = torch.tensor(r.detail["order"][rt.rank], dtype=torch.int32, device=f"cuda:{rt.device}")
-                if path == "fused":
-                    plan = CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why,
-                                    sp.tail, sp.tail_blocks, sp.group_tiles, gemm=fused)
-                else:
-                    plan = CallPlan(path, "sm", sp.comm_blocks, self.sms, plain.swizzle, None, r, why, gemm=plain)
-        self._plans[key] = plan
+                plan = plan_call(self.inputs, m, layout, self.rt.rank)
+            except ValueError as e:
+                raise ValueError(f"{type(self).__name__}: {e} ({self.budget.source})") from None
+            if plan.order is not None:
+                plan = dataclasses.replace(plan, order=torch.tensor(plan.order, dtype=torch.int32,
+                                                                    device=f"cuda:{self.rt.device}"))
+            self._plans[key] = plan
         return plan
 
     def path(self, m: int, layout: str = "nk") -> str:

@@ -67,22 +67,14 @@ class AllGatherGEMM(FusedGEMM):
                             copy_engine="ce" in self._engines)
         symmetric.agree("AllGatherGEMM(max_m, n, k, dtype, mode, engine, comm_blocks)",
                         (max_m, n, k, str(dtype), mode, engine, comm_blocks))
+        self.agree_inputs(engines=self._engines, chunk_rows=self.ag.chunk_rows,
+                          decomposed_comm_blocks=self.ag.comm_blocks)
 
     def __repr__(self) -> str:
         return (f"AllGatherGEMM(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, mode={self.mode}, "
                 f"world={self.rt.world_size}, node_size={self.rt.node_size}, tile_m={self.tile_m}, "
                 f"chunk_rows={self.ag.chunk_rows}, engine={self.engine}, sm_budget={self.budget.sms} "
                 f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
-
-    # ---------------------------------------------------------------------------------------------------------
-    def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
-        rt = self.rt
-        return simulate.plan_ag_gemm(
-            world=rt.world_size, node_size=rt.node_size, m=m, n=self.n, k=self.k,
-            elem_bytes=self.ag.gather.element_size(), gemm=self.gemm_model(self.k, config),
-            budget_sms=self.budget.sms,
-            chunk_rows=self.ag.chunk_rows, links=self.links, engines=self._engines, comm_blocks=self.comm_blocks,
-            decomposed_comm_blocks=self.ag.comm_blocks, pes=[rt.rank])
 
     def _gemm(self, layout: str, a_ptr: int, b: torch.Tensor, out: torch.Tensor, bias, m: int, *, wait: bool,
               sm_count: int, order: torch.Tensor | None, swizzle: int, choice, engine: str = "sm") -> None:

@@ -52,16 +52,17 @@ class GEMMReduceScatter(FusedGEMM):
             default_unit_rows(n, elem, self.tile_m)
         symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles)",
                         (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks, group_tiles))
-        # One configuration for the op's life, PE 0's choice on every PE: the reduce engine waits until each peer's
-        # counter of an M-tile reaches epoch x N-tiles, so the tile width may change neither between calls nor
-        # between PEs (whose tuning caches may differ).
-        mine = self.gemm_choice(max_m, "nk", self.sms, fused=True).config
-        self.configs = (rt.host.allgather(mine)[0],)
+        # One configuration for the op's life: the reduce engine waits until each peer's counter of an M-tile
+        # reaches epoch x N-tiles, so the tile width may change neither between calls nor between PEs (whose
+        # choices agree: PlanInputs).
+        self.configs = (self.gemm_choice(max_m, "nk", self.sms, fused=True).config,)
         # Fires once every GEMM CTA runs; the reduce kernel follows it, so its blocks stay off the GEMM's SMs.
         self.gemm_started = kmodule.StartEvent() if self.guarded else None
         self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
                                    comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS),
                                    tile_n=registry.get(self.configs[0]).tile_n, cluster_m=self.cluster_m)
+        self.agree_inputs(unit_rows=unit_rows, group_tiles=self.group_tiles,
+                          decomposed_comm_blocks=self.engine.comm_blocks)
 
     def __repr__(self) -> str:
         return (f"GEMMReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, dtype={self.dtype}, "
@@ -72,15 +73,6 @@ class GEMMReduceScatter(FusedGEMM):
     def plain_configs(self) -> tuple[str, ...]:
         # Both paths count finished tiles per M-tile of the op's tile height (the reduce engine waits on them).
         return self.configs
-
-    def split(self, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
-        rt = self.rt
-        return simulate.plan_gemm_rs(
-            world=rt.world_size, node_size=rt.node_size, m=m, n=self.n, k=self.k,
-            elem_bytes=self.engine.partial.element_size(), gemm=self.gemm_model(self.k, config),
-            budget_sms=self.budget.sms,
-            unit_rows=self.engine.unit_rows, links=self.links, comm_blocks=self.comm_blocks,
-            decomposed_comm_blocks=self.engine.comm_blocks, group_tiles=self.group_tiles)
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
               sm_count: int, order: torch.Tensor | None, swizzle: int, choice, started=None) -> None:

@@ -49,14 +49,17 @@ class Links:
     put_block_gbps: float = 15.0     # one block's NVSHMEM put to a mapped peer (H200, 2026-12-04: 15.8 GB/s with
     #                                  one block, 14.6 each with two)
     model_ingress: bool = True       # receivers' links are shared too (False: as link emulation paces, senders only)
-    beside_gemm: float = 0.7         # comm blocks' rates while a GEMM runs on the other SMs, as a share of their rates
+    beside_gemm: float = 0.8         # comm blocks' rates while a GEMM runs on the other SMs, as a share of their rates
     #                                  alone (H100 2026-12-05, fused calls' stage times: all-gather 23-25 GB/s per
-    #                                  block against 35 alone, reduce 22 against 28-32)
+    #                                  block against 35 alone, whole-row reduce units >= 22 against 30; fitted with
+    #                                  unit_us and gemm_beside_comm to 12 fused GEMM+RS runs, tests/test_simulate.py)
     pass_latency_us: float = 0.7     # a reduce block's pass waits for one round of loads per source (block_sum: 32
     #                                  KiB per source per pass): small units are latency-bound, not rate-bound
-    unit_us: float = 1.0             # a reduce unit's fixed cost: its waits, barriers and pacing
-    gemm_beside_comm: float = 1.08   # a GEMM tile's time beside a comm kernel, over its time alone (H100 2026-12-05:
-    #                                  the fused calls' GEMM stage 1.03-1.25x gemm_only on the same SMs)
+    unit_us: float = 5.5             # a reduce unit's fixed cost: its counter waits, barriers, pacing and the first
+    #                                  round of loads (H100 2026-12-05: units 7 N-tiles x 8 rows wide ran 7.7 us each
+    #                                  on 2 blocks, where their bytes alone take ~5 at the blocks' rate)
+    gemm_beside_comm: float = 1.1    # a GEMM tile's time beside a comm kernel, over its time alone (H100 2026-12-05:
+    #                                  the fused calls' GEMM stage 1.05-1.21x gemm_only on the same SMs)
 
     def __post_init__(self) -> None:
         for f in ("nvlink_gbps", "ib_gbps", "block_gbps", "local_gbps", "ce_gbps", "put_block_gbps"):
@@ -351,7 +354,10 @@ def simulate_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, gemm
         detail["order"][pe] = order
         need = [sch.tile_chunks(t, gemm.tile_m, m, rows, chunk_rows) for t in range(tiles_m)]
         ready = lambda t, a=arr[pe], nd=need: max(a[sc] for sc in nd[t])  # noqa: E731
-        ends, span = run_gemm(order, tiles_n, gemm.beside_comm(links), swizzle, gemm_sms, ready)
+        # (the copy engines take no SMs and leave L2 alone but for their own writes: no slowdown measured, none
+        # modelled)
+        ends, span = run_gemm(order, tiles_n, gemm.beside_comm(links) if engine == "sm" else gemm, swizzle,
+                              gemm_sms, ready)
         detail["tile_end_us"][pe] = ends
         per_pe.append(max(span, comm_end[pe]) + overhead_us)
     if engine != "sm" or decomposed_comm_blocks not in (None, comm_blocks) or fused_links is not links:
@@ -559,8 +565,9 @@ def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
                  budget_sms: int, chunk_rows: int, links: Links = Links(), engines=("sm",),
                  comm_blocks: Optional[int] = None, decomposed_comm_blocks: Optional[int] = None,
                  pes: Optional[list[int]] = None) -> tuple[Split, Result]:
-    """AllGatherGEMM's split for M = m: the candidate with the fastest predicted fused time. Each swizzle group of
-    the fused GEMM stays inside one chunk's rows."""
+    """AllGatherGEMM's split for M = m: the candidate with the fastest predicted fused time over the GEMMs of
+    `pes` (default all). Each swizzle group of the fused GEMM stays inside one chunk's rows. Any PE's tile order
+    for the chosen split: `ag_order(r, pe, ...)`."""
     all_sms = budget_sms // gemm.cluster_m * gemm.cluster_m
     swz = swizzle_for(gemm, m, chunk_rows, n)[0]  # (only tile_m and cluster_m of the configuration matter)
     cands = split_candidates(engines, comm_blocks, budget_sms, gemm.cluster_m, AG_COMM_BLOCKS)
@@ -573,6 +580,14 @@ def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
                                 links=links, engine=c[0], pes=pes, decomposed_comm_blocks=dec)
     (e, cb), r = best(cands, run)
     return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), swz), r
+
+
+def ag_order(r: Result, pe: int, m: int, tile_m: int, world: int, chunk_rows: int) -> list[int]:
+    """PE `pe`'s M-tile order table for the all-gather arrivals simulated in `r` (simulate_ag_gemm's, whichever
+    PEs' GEMMs it ran)."""
+    if pe in r.detail["order"]:
+        return r.detail["order"][pe]
+    return sch.ag_tile_order(m, tile_m, m // world, chunk_rows, r.detail["arrival_us"][pe])
 
 
 def rs_shapes(tiles_m: int, tiles_n: int, cluster_m: int, clusters: int,

@@ -1,0 +1,117 @@
+"""Issue 27: the fused ops' call plans are the same on every PE. Peers read each other's chunks, tiles and units by
+the plan, so a PE that planned another engine, split or GEMM configuration hangs the call (seen in review:
+AllGatherGEMM planned on each PE's own view, and 7 of 168 M values gave PEs of one node different engines).
+
+Plans are `_fused.plan_call(inputs, m, layout, rank)`: the rank only picks the PE's own M-tile order out of the
+plan; the inputs are agreed at construction (`symmetric.agree`), so a PE built with other inputs raises there."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flux_shmem.errors import SymmetricMismatchError
+from flux_shmem.kernels import registry
+from flux_shmem.ops import _fused as F
+from flux_shmem.ops import _schedule as sch
+from flux_shmem.ops import simulate as S
+from flux_shmem.runtime import symmetric
+
+FUSED = tuple(c for c in registry.names() if (registry.get(c).tile_m, registry.get(c).cluster_m) == (128, 2)
+              and not registry.get(c).pingpong)
+
+
+def inputs(family: str, world: int, node_size: int, n: int, k: int, max_m: int, **kw) -> F.PlanInputs:
+    """What an op built with these arguments on one 132-SM GPU per PE agrees on (the op's own derivations)."""
+    base = dict(family=family, world=world, node_size=node_size, n=n, k=k, dtype="bf16", elem_bytes=2, mode="auto",
+                budget_sms=132, sms=132, cluster_m=2, links=S.Links(), comm_blocks=None)
+    if family == "ag_gemm":
+        base.update(fused_configs=FUSED, plain_configs=None,
+                    engines=S.ag_engines(node_size == world, False, world),
+                    chunk_rows=sch.fused_chunk_rows(max_m // world, 2 * k, 128),
+                    decomposed_comm_blocks=max(S.AG_COMM_BLOCKS))
+    else:
+        base.update(fused_configs=(registry.DEFAULT,), plain_configs=(registry.DEFAULT,),
+                    unit_rows=sch.default_unit_rows(n, 2, 128), decomposed_comm_blocks=max(S.RS_COMM_BLOCKS))
+    base.update(kw)
+    return F.PlanInputs(**base)
+
+
+def shared(plan: F.CallPlan) -> tuple:
+    """Every field of a plan that peers depend on (all but the PE's own tile order and the prediction)."""
+    return (plan.path, plan.engine, plan.comm_blocks, plan.gemm_sms, plan.swizzle, plan.tail, plan.tail_blocks,
+            plan.group_tiles, plan.gemm)
+
+
+def m_values(world: int, count: int, top: int) -> list[int]:
+    """`count` distinct multiples of the world size up to `top`: every small M, then geometric steps (tile- and
+    shard-misaligned ones included: those are where PEs' views of the arrivals differ most)."""
+    small = min(count // 3, 64)
+    out = [world * (i + 1) for i in range(small)]
+    ratio = (top / out[-1]) ** (1 / (count - small))
+    while len(out) < count:
+        out.append(max(out[-1] + world, int(out[-1] * ratio) // world * world))
+    assert len(set(out)) == count and max(out) <= top, (max(out), top)
+    return out
+
+
+@pytest.mark.parametrize("world,node_size", [(4, 4), (8, 8), (16, 8)])
+def test_ag_gemm_every_rank_plans_alike(world, node_size):
+    """AllGatherGEMM, the QKV and up-projection shards of Llama-3-70B at TP = world: 200 M values (8 ... 28k
+    rows), every rank's plan identical but for its own tile order, which is a permutation of the M-tiles."""
+    for n in (1280 * 8 // world, 28672 // world):
+        inp = inputs("ag_gemm", world, node_size, n, 8192, 32768)
+        for m in m_values(world, 200 if n < 3000 else 20, 32768):
+            plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
+            assert len({shared(p) for p in plans}) == 1, (world, n, m, [shared(p) for p in plans])
+            tiles = -(-m // 128)
+            for p in plans:
+                assert p.order is None or sorted(p.order) == list(range(tiles))
+
+
+@pytest.mark.parametrize("world,node_size", [(4, 4), (8, 8), (16, 8)])
+def test_gemm_rs_every_rank_plans_alike(world, node_size):
+    """GEMMReduceScatter (the down projection's shard, comm blocks and unit width as an op given them builds: the
+    planner's search over them is what costs the CPU time here; issue 25 moves it off the call)."""
+    inp = inputs("gemm_rs", world, node_size, 8192, 28672 // world, 65536, comm_blocks=8, group_tiles=64)
+    for m in m_values(world, 200, 65536)[::5]:
+        plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
+        assert len({shared(p) for p in plans}) == 1, (world, m)
+
+
+def test_review_cases_plan_alike():
+    """The review's cases at W = 8 on one node (max_m 8192, n 3584, k 8192, M = 512 and 1536: 'ce' on some PEs,
+    'sm' on others; n 1280, M = 2560: fused on some, decomposed on others), with every candidate searched."""
+    for n, ms in ((3584, (512, 1536)), (1280, (2560,))):
+        inp = inputs("ag_gemm", 8, 8, n, 8192, 8192)
+        for m in ms:
+            assert len({shared(F.plan_call(inp, m, "nk", r)) for r in range(8)}) == 1, (n, m)
+
+
+class _Host:
+    """Host collectives of a job whose PEs pass `values` (this PE is PE `rank`)."""
+
+    def __init__(self, values, rank=0):
+        self.values, self.rank = values, rank
+
+    def barrier_within(self, timeout_s):
+        return True
+
+    def allgather(self, obj):
+        assert obj == self.values[self.rank]
+        return list(self.values)
+
+
+@pytest.mark.parametrize("change", [dict(budget_sms=66), dict(links=S.emulated_links(87.3, 1.5)),
+                                    dict(links=dataclasses.replace(S.Links(), put_by_blocks=True)),
+                                    dict(forced=(("config", "128x128_c2x1"),)), dict(engines=("sm",))])
+def test_mismatched_inputs_raise_at_construction(change):
+    """Two PEs whose inputs differ (another MPS share, link emulation on one PE only, FLUX_SHMEM_GEMM_CONFIG on one
+    only, ...): the op's construction-time check raises on every PE and names each PE's value."""
+    mine = inputs("ag_gemm", 2, 2, 3584, 8192, 8192)
+    theirs = dataclasses.replace(mine, **change)
+    for rank in (0, 1):
+        with pytest.raises(SymmetricMismatchError, match=r"PE 0: .*PE 1: "):
+            symmetric.agree("AllGatherGEMM's planner inputs", [mine, theirs][rank], host=_Host([mine, theirs], rank),
+                            timeout_s=1.0)
+    symmetric.agree("AllGatherGEMM's planner inputs", mine, host=_Host([mine, mine]), timeout_s=1.0)
