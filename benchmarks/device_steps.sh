@@ -18,6 +18,7 @@
 #   pdl             the tp-shard-quick suite (heuristic only) without, then with FLUX_SHMEM_GEMM_PDL=1 (half the step each)
 #   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
 #   emuput2         the same with 2 PEs and forced puts
+#   evict2 / evict4 GEMM+RS of emu2 / emu4 with the reduce kernel's L2 evict-first policy (FLUX_SHMEM_RS_EVICT_FIRST=1)
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
 #   nnput2          nn checks with 2 PEs and forced puts
 #   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2 (MPS)
@@ -34,12 +35,17 @@ S=benchmarks/gpu_session.sh
 # shapes for W PEs (AG splits N, RS splits K), and M = 4096 variants.
 ag_shapes() { local w=$1; echo "8192x$((3584 * w))x8192,4096x$((3584 * w))x8192,8192x$((1280 * w))x8192"; }
 rs_shapes() { local w=$1; echo "8192x8192x$((3584 * w)),4096x8192x$((3584 * w)),8192x8192x$((1024 * w))"; }
-emu() {  # emu NP [extra run.py args]
+emu() {  # emu NP [extra run.py args]; EMU_OPS="gemm_rs" (say) runs one op only, EMU_TAG names its logs
   local np_=$1; shift
-  timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops ag_gemm --shapes "$(ag_shapes "$np_")" \
-    --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_ag$*.jsonl" "$@" | tail -25
-  timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops gemm_rs --shapes "$(rs_shapes "$np_")" \
-    --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_rs$*.jsonl" "$@" | tail -25
+  local tag=${EMU_TAG:-}$*
+  if [[ " ${EMU_OPS:-ag_gemm gemm_rs} " == *" ag_gemm "* ]]; then
+    timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops ag_gemm --shapes "$(ag_shapes "$np_")" \
+      --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_ag${tag}.jsonl" "$@" | tail -25
+  fi
+  if [[ " ${EMU_OPS:-ag_gemm gemm_rs} " == *" gemm_rs "* ]]; then
+    timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops gemm_rs --shapes "$(rs_shapes "$np_")" \
+      --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_rs${tag}.jsonl" "$@" | tail -25
+  fi
 }
 for spec in "$@"; do
   step=${spec%%:*}; T=${STEP_TIMEOUT:-240}; [ "$spec" != "$step" ] && T=${spec#*:}
@@ -64,6 +70,8 @@ for spec in "$@"; do
       python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
     emu2) emu 2 ;;
     emu4) emu 4 ;;
+    evict2) FLUX_SHMEM_RS_EVICT_FIRST=1 EMU_OPS=gemm_rs EMU_TAG=_evict emu 2 ;;
+    evict4) FLUX_SHMEM_RS_EVICT_FIRST=1 EMU_OPS=gemm_rs EMU_TAG=_evict emu 4 ;;
     emuput2) emu 2 --force-put ;;
     nn1) timeout "$T" bash $S checks 1 nn | grep -E "CHECK|Error|error|assert" ;;
     nn2) timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;

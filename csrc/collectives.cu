@@ -22,13 +22,21 @@
 
 namespace fs {
 
-// Tell every PE that this PE has entered epoch e (its previous call is complete). Every block does it (the
-// stores are idempotent): peers wait for the arrival before sending, and must not depend on one particular block
-// of this kernel being resident (seen 2026-12-03: 4 PEs under MPS, 3 of them waiting for arrivals of an epoch).
+// Tell every PE that this PE has entered epoch e (its previous call is complete). Every block stores it into the
+// mapped slots of its node peers (idempotent stores: peers wait for the arrival before sending, and must not depend
+// on one particular block of this kernel being resident; seen 2026-12-03: 4 PEs under MPS, 3 of them waiting for
+// arrivals of an epoch). PEs reached only by NVSHMEM signal ops (other nodes, forced puts) get it once per pair,
+// from block 0: one proxy operation per peer and call, not one per block (hundreds to thousands at 2 x 8 and 8 x 8).
+// Block 0 of a comm kernel always runs: its other blocks wait on nothing of block 0's before they end.
 __device__ __forceinline__ void arrive(const Ctx& ctx, uint64_t* bar, uint64_t e, const Topo& t) {
   for (int p = threadIdx.x; p < t.world; p += blockDim.x) {
-    const bool same_node = p / t.node_size == t.node();
-    signal_set(bar + t.me, e, p, same_node);
+    uint64_t* mapped = p / t.node_size == t.node() ? static_cast<uint64_t*>(nvshmem_ptr(bar + t.me, p)) : nullptr;
+    if (mapped != nullptr) {
+      __threadfence_system();
+      st_release_sys(mapped, e);
+    } else if (blockIdx.x == 0) {
+      nvshmemx_signal_op(bar + t.me, e, NVSHMEM_SIGNAL_SET, p);
+    }
   }
 }
 
@@ -111,13 +119,14 @@ extern "C" __global__ void fs_wait_done(const __grid_constant__ WaitDoneArgs a) 
 
 // ---------------------------------------------------------------------------------------------------------------
 // All-gather of equal shards into a symmetric gather buffer, one signal per (source PE, chunk).
-enum AgKind : int { kLocal = 0, kPut = 1, kDirect = 2, kForward = 3 };  // flux_shmem/ops/_schedule.py
+enum AgKind : int { kLocal = 0, kPut = 1, kDirect = 2, kForward = 3, kAccept = 4 };  // flux_shmem/ops/_schedule.py
 
 struct AgArgs {
   Ctx ctx;
   const uint8_t* src;      // this PE's shard (any device memory; may alias its own slot of `gather`)
   uint8_t* gather;         // symmetric [world * shard_bytes]
   uint64_t* flags;         // symmetric [world * chunks]; flag of (s, c) >= epoch: chunk c of shard s is here
+  uint64_t* recv;          // symmetric [world * chunks]: the same, raised by a put from another node (kAccept)
   uint64_t* bar;           // symmetric [world] arrival slots
   const uint64_t* epoch;   // local
   const int4* units;       // plan: (kind, src PE, dest PE, chunk)
@@ -164,15 +173,22 @@ extern "C" __global__ void __launch_bounds__(512) fs_all_gather(const __grid_con
       __syncthreads();
       continue;
     }
+    if (kind == kAccept) {  // a chunk put here from another node: NVSHMEM's wait, then its flag for my readers
+      if (!block_wait_put_ge(a.ctx, a.recv + src * a.chunks + chunk, e, kSiteChunk, src * a.chunks + chunk)) break;
+      if (threadIdx.x == 0) st_release_sys(flag, e);
+      __syncthreads();
+      continue;
+    }
     // A put or forward sends from my gather buffer: that chunk must be in place (my local copy, or the network's
-    // incoming data). A direct store sends my own shard straight from its source. The destination must have
-    // arrived in this epoch (finished its previous call) before anything is written into it.
+    // incoming data, accepted). A direct store sends my own shard straight from its source. The destination must
+    // have arrived in this epoch (finished its previous call) before anything is written into it.
     if (kind != kDirect && !block_wait_ge(a.ctx, flag, e, kSiteChunk, src * a.chunks + chunk)) break;
     if (!block_wait_ge(a.ctx, a.bar + dest, e, kSiteBarrier, dest)) break;
     const int cls = dest / t.node_size != t.node() ? 1 : 0;
     const unsigned long long paced_end = block_pace_reserve(a.pace, cls, bytes);
     const uint8_t* from = kind == kDirect ? a.src + in_shard : a.gather + off;
-    used_put |= put_signal_block(a.gather + off, from, bytes, flag, e, dest, kind != kPut, paced_end);
+    uint64_t* sig = kind == kPut ? a.recv + src * a.chunks + chunk : flag;  // (a put is accepted at its target)
+    used_put |= put_signal_block(a.gather + off, from, bytes, sig, e, dest, kind != kPut, paced_end);
   }
   if (a.wait_all) {  // (the fused op's GEMM waits per tile instead)
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < t.world * a.chunks; i += gridDim.x * blockDim.x)
@@ -220,7 +236,7 @@ struct RsArgs {
   int node_size;
   int max_tiles_m;             // M-tiles of tile_ready (the op's largest M)
   int max_units;               // receive-signal slots per node
-  int flags;                   // kRsSignalDone
+  int flags;                   // kRsSignalDone | kRsEvictFirst
   int pad_;
   Pace pace;
 };
@@ -229,6 +245,7 @@ struct RsArgs {
 // the pieces of the GEMM's last wave (the "tail"); neither needs the done signal (every fused call starts with a
 // barrier, after which nobody reads the previous call's partials).
 constexpr int kRsSignalDone = 2;      // the last block tells my node's PEs I no longer read their addends
+constexpr int kRsEvictFirst = 4;      // loads and stores of the sums with an L2 evict-first policy (block_sum)
 
 namespace fs {
 
@@ -245,12 +262,12 @@ template <> struct Vec<__nv_bfloat16> {
 #pragma unroll
     for (int i = 0; i < 4; ++i) { const float2 x = __bfloat1622float2(h[i]); f[2 * i] += x.x; f[2 * i + 1] += x.y; }
   }
-  __device__ static void store(void* p, const float* f) {
+  __device__ static uint4 pack(const float* f) {
     uint4 v;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = v;
+    return v;
   }
 };
 template <> struct Vec<__half> {
@@ -265,12 +282,12 @@ template <> struct Vec<__half> {
 #pragma unroll
     for (int i = 0; i < 4; ++i) { const float2 x = __half22float2(h[i]); f[2 * i] += x.x; f[2 * i + 1] += x.y; }
   }
-  __device__ static void store(void* p, const float* f) {
+  __device__ static uint4 pack(const float* f) {
     uint4 v;
     __half2* h = reinterpret_cast<__half2*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = v;
+    return v;
   }
 };
 template <> struct Vec<float> {
@@ -281,10 +298,39 @@ template <> struct Vec<float> {
   __device__ static void add(const uint4& v, float* f) {
     f[0] += __uint_as_float(v.x); f[1] += __uint_as_float(v.y); f[2] += __uint_as_float(v.z); f[3] += __uint_as_float(v.w);
   }
-  __device__ static void store(void* p, const float* f) { *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]); }
+  __device__ static uint4 pack(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  }
 };
 
-__device__ __forceinline__ uint4 ld16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+// 16-byte loads and stores; kEvict: with an L2 evict-first policy (`pol`, createpolicy), so that the partials a
+// reduce streams through once do not push the GEMM's operand tiles out of L2 (RsArgs.flags kRsEvictFirst).
+template <bool kEvict>
+__device__ __forceinline__ uint4 ld16(const void* p, uint64_t pol) {
+  if constexpr (!kEvict) {
+    return *reinterpret_cast<const uint4*>(p);
+  } else {
+    uint4 v;
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol) : "memory");
+    return v;
+  }
+}
+template <bool kEvict>
+__device__ __forceinline__ void st16(void* p, const uint4& v, uint64_t pol) {
+  if constexpr (!kEvict) {
+    *reinterpret_cast<uint4*>(p) = v;
+  } else {
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
+  }
+}
+template <bool kEvict>
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol = 0;
+  if constexpr (kEvict) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 
 // Whole block, over a rows x w block of elements: dst = sum over k < nsrc of src(k) (+ bias[col]) in fp32, sources
 // in order (deterministic). Row r of the block starts at r * src_stride in every source and at r * dst_stride in
@@ -294,10 +340,11 @@ __device__ __forceinline__ uint4 ld16(const void* p) { return *reinterpret_cast<
 // vector each: seen 2026-12-05 on an H100, units 7 N-tiles wide were summed at 11 GB/s per block through such a
 // one-vector remainder loop against >= 22 GB/s for whole rows, and GEMM+RS fused ran 0.60x of decomposed). Loads of
 // two sources at once spilled (40 B with bf16 under the 128 registers of 512 threads).
-template <typename T, typename Src>
+template <bool kEvict, typename T, typename Src>
 __device__ __forceinline__ void block_sum(T* dst, int64_t dst_stride, Src src, int64_t src_stride, int nsrc,
                                           int64_t rows, int64_t w, const T* bias) {
   using V = Vec<T>;
+  const uint64_t pol = evict_first_policy<kEvict>();
   constexpr int kN = V::kN, kU = 4;
   // (32-bit indices: a unit has far fewer than 2^32 elements, ReduceEngine checks; 64-bit offsets for every
   // vector made the kernel spill)
@@ -316,23 +363,23 @@ __device__ __forceinline__ void block_sum(T* dst, int64_t dst_stride, Src src, i
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      V::set(ld16(src(0) + (int64_t(row[u]) * src_stride + col[u])), s[u]);
+      V::set(ld16<kEvict>(src(0) + (int64_t(row[u]) * src_stride + col[u]), pol), s[u]);
     for (int k = 1; k < nsrc; ++k) {
       const T* p = src(k);
 #pragma unroll
       for (int u = 0; u < kU; ++u)
-        x[u] = ld16(p + (int64_t(row[u]) * src_stride + col[u]));
+        x[u] = ld16<kEvict>(p + (int64_t(row[u]) * src_stride + col[u]), pol);
 #pragma unroll
       for (int u = 0; u < kU; ++u) V::add(x[u], s[u]);
     }
     if (bias != nullptr) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
-        V::add(ld16(bias + col[u]), s[u]);
+        V::add(ld16<false>(bias + col[u], pol), s[u]);
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      if (ok(u)) V::store(dst + (int64_t(row[u]) * dst_stride + col[u]), s[u]);
+      if (ok(u)) st16<kEvict>(dst + (int64_t(row[u]) * dst_stride + col[u]), V::pack(s[u]), pol);
   }
 #undef ok
 }
@@ -360,7 +407,7 @@ __device__ bool wait_node_tiles(const RsArgs& a, const Topo& t, int tile, int nt
   return ok != 0;
 }
 
-template <typename T>
+template <typename T, bool kEvict>
 __device__ void reduce_scatter(const RsArgs& a) {
   const Topo t{a.ctx.my_pe, a.ctx.n_pes, a.node_size};
   const uint64_t e = *a.epoch;
@@ -413,7 +460,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
       const unsigned long long paced_end = block_pace_reserve(a.pace, 0, uint64_t(L - 1) * elems * sizeof(T));
       const int64_t off = r.lo * N + r.c0;  // the unit in every node PE's addend
       if (Nn == 1) {
-        block_sum(out + seg_row * N + r.c0, N, [&](int q) { return node_partial[q] + off; }, N, L, rows, wid,
+        block_sum<kEvict>(out + seg_row * N + r.c0, N, [&](int q) { return node_partial[q] + off; }, N, L, rows, wid,
                   bias_cols);
         __syncthreads();
         block_pace_wait(paced_end);  // the reads from my L - 1 node peers
@@ -424,7 +471,7 @@ __device__ void reduce_scatter(const RsArgs& a) {
       T* dst = (dst_node == node ? recv + int64_t(node) * Ms * N : stage + int64_t(dst_node) * Ms * N) + r.slot;
       const T* send = node_partial[0] + off;
       if (L > 1 || dst_node == node || wid != N) {
-        block_sum(dst, wid, [&](int q) { return node_partial[q] + off; }, N, L, rows, wid,
+        block_sum<kEvict>(dst, wid, [&](int q) { return node_partial[q] + off; }, N, L, rows, wid,
                   static_cast<const T*>(nullptr));
         send = dst;
       }
@@ -445,9 +492,14 @@ __device__ void reduce_scatter(const RsArgs& a) {
       continue;
     }
     // kFinal: the node partials of my segment, summed in node order.
-    for (int j = 0; j < Nn; ++j)
-      if (!block_wait_ge(a.ctx, a.recv_sig + j * a.max_units + u, e, kSiteRecv, j * a.max_units + u)) return;
-    block_sum(out + seg_row * N + r.c0, N, [&](int j) { return recv + int64_t(j) * Ms * N + r.slot; }, wid, Nn, rows,
+    // (other nodes' node partials come by put: NVSHMEM's wait; my node's own is a local store)
+    for (int j = 0; j < Nn; ++j) {
+      uint64_t* sig = a.recv_sig + j * a.max_units + u;
+      if (!(j == node ? block_wait_ge(a.ctx, sig, e, kSiteRecv, j * a.max_units + u)
+                      : block_wait_put_ge(a.ctx, sig, e, kSiteRecv, j * a.max_units + u)))
+        return;
+    }
+    block_sum<kEvict>(out + seg_row * N + r.c0, N, [&](int j) { return recv + int64_t(j) * Ms * N + r.slot; }, wid, Nn, rows,
               wid, bias_cols);
     __syncthreads();
   }
@@ -468,15 +520,20 @@ __device__ void reduce_scatter(const RsArgs& a) {
 
 }  // namespace fs
 
-#define FS_RS_KERNEL(NAME, T)                                                          \
+// kRsEvictFirst: 16-bit sums only (the fused ops' partials; with fp32 the evict-first variant spilled).
+#define FS_RS_KERNEL(NAME, T, EVICT)                                                          \
   extern "C" __global__ void __launch_bounds__(512) NAME(const __grid_constant__ RsArgs a) { \
-    FS_RS_BODY(T)                                                                      \
+    FS_RS_BODY(T, EVICT)                                                                      \
   }
 #ifdef FS_DEVICE_PASS
-#define FS_RS_BODY(T) fs::reduce_scatter<T>(a);
+#define FS_RS_BODY(T, EVICT)                          \
+  if (EVICT && (a.flags & kRsEvictFirst))             \
+    fs::reduce_scatter<T, EVICT>(a);                  \
+  else                                                \
+    fs::reduce_scatter<T, false>(a);
 #else
-#define FS_RS_BODY(T)
+#define FS_RS_BODY(T, EVICT)
 #endif
-FS_RS_KERNEL(fs_reduce_scatter_bf16, __nv_bfloat16)
-FS_RS_KERNEL(fs_reduce_scatter_fp16, __half)
-FS_RS_KERNEL(fs_reduce_scatter_fp32, float)
+FS_RS_KERNEL(fs_reduce_scatter_bf16, __nv_bfloat16, true)
+FS_RS_KERNEL(fs_reduce_scatter_fp16, __half, true)
+FS_RS_KERNEL(fs_reduce_scatter_fp32, float, false)

@@ -23,7 +23,17 @@ def test_all_gather_delivers_every_chunk_once(world, L, chunks):
     arrivals = collections.Counter()
     for pe in range(world):
         units = sch.ag_units(pe, world, L, chunks)
+        accepts = [u for u in units if u.kind == sch.ACCEPT]
+        units = [u for u in units if u.kind != sch.ACCEPT]
         assert len(units) == world * chunks
+        # every chunk put to me from another node is accepted once, before it is forwarded
+        assert sorted((u.src, u.chunk) for u in accepts) == sorted(
+            (u.src, u.chunk) for q in range(world) for u in sch.ag_units(q, world, L, chunks)
+            if u.kind == sch.PUT and u.dest == pe)
+        full = sch.ag_units(pe, world, L, chunks)
+        for a in accepts:
+            fwd = [i for i, u in enumerate(full) if u.kind == sch.FORWARD and (u.src, u.chunk) == (a.src, a.chunk)]
+            assert all(i > full.index(a) for i in fwd)
         have = {(pe, c) for c in range(chunks)}  # my own shard (source of direct stores)
         node = pe // L
         for u in units:
@@ -39,6 +49,7 @@ def test_all_gather_delivers_every_chunk_once(world, L, chunks):
                 assert u.src // L != node and u.src % L == pe % L and dnode == node and u.dest != pe
         kinds = [u.kind for u in units]
         assert kinds == sorted(kinds, key=[sch.LOCAL, sch.PUT, sch.DIRECT, sch.FORWARD].index)
+        assert all(u.dest == pe for u in accepts)
         # ring shift: step i of the direct phase goes to PE me - i, whole shards in chunk order
         direct = [u for u in units if u.kind == sch.DIRECT]
         expect = [(node * L + (pe - i) % L, c) for i in range(1, L) for c in range(chunks)]

@@ -43,7 +43,7 @@ class WaitDoneArgs(ctypes.Structure):
 
 
 class AgArgs(ctypes.Structure):
-    _fields_ = [("ctx", Ctx), ("src", c_ptr), ("gather", c_ptr), ("flags", c_ptr), ("bar", c_ptr),
+    _fields_ = [("ctx", Ctx), ("src", c_ptr), ("gather", c_ptr), ("flags", c_ptr), ("recv", c_ptr), ("bar", c_ptr),
                 ("epoch", c_ptr), ("units", c_ptr), ("block_begin", c_ptr), ("started", c_ptr), ("shard_bytes", c_u64),
                 ("chunk_bytes", c_u64), ("chunks", c_i32), ("node_size", c_i32), ("wait_all", c_i32),
                 ("pad_", c_i32), ("pace", Pace)]
@@ -60,6 +60,7 @@ class RsArgs(ctypes.Structure):
 
 
 RS_SIGNAL_DONE = 2  # RsArgs.flags (csrc/collectives.cu)
+RS_EVICT_FIRST = 4
 
 
 # Error sites (fs::Site) for messages, and a hint at the usual cause.

@@ -9,7 +9,9 @@ forced-put path).
 All-gather (AG+GEMM), per PE: copy my shard into my own slot of the gather buffer (local tiles start at once); put
 it to the other nodes (IB, in flight while NVLink works); store it into my node peers' buffers; forward what came
 over the network to my node peers. Each phase is a ring shift, shard-major: in step i every PE sends to PE
-me - i, so every destination receives from one source at a time, whole shards in chunk order. The GEMM visits its
+me - i, so every destination receives from one source at a time, whole shards in chunk order. A put lands on the
+receiver's receive flag, which its own kernel waits on the NVSHMEM way (ACCEPT: on proxy transports that wait also
+makes the data visible) before raising the chunk flag its GEMM and forwards read. The GEMM visits its
 M-tiles in the order their rows are predicted to arrive (`ag_tile_order`, fed by the simulator), so it consumes in
 the order the data lands.
 
@@ -41,8 +43,8 @@ def fused_chunk_rows(rows_per_shard: int, row_bytes: int, tile_m: int) -> int:
     return max(1, min(rows_per_shard, rows))
 
 
-LOCAL, PUT, DIRECT, FORWARD = 0, 1, 2, 3  # csrc/collectives.cu AgKind
-AG_KINDS = {LOCAL: "local", PUT: "put", DIRECT: "direct", FORWARD: "forward"}
+LOCAL, PUT, DIRECT, FORWARD, ACCEPT = 0, 1, 2, 3, 4  # csrc/collectives.cu AgKind
+AG_KINDS = {LOCAL: "local", PUT: "put", DIRECT: "direct", FORWARD: "forward", ACCEPT: "accept"}
 
 
 class AgUnit(NamedTuple):
@@ -69,9 +71,12 @@ def ag_units(me: int, world: int, node_size: int, chunks: int) -> list[AgUnit]:
     out = [AgUnit(LOCAL, me, me, c) for c in range(chunks)]
     out += [AgUnit(PUT, me, pe(n - j, l), c) for j in range(1, nodes) for c in range(chunks)]
     out += [AgUnit(DIRECT, me, pe(n, l - i), c) for i in range(1, L) for c in range(chunks)]
-    # Node n + j sent its shard to me in step j; pass each chunk on as soon as it is here.
-    out += [AgUnit(FORWARD, pe(n + j, l), pe(n, l - i), c)
-            for j in range(1, nodes) for c in range(chunks) for i in range(1, L)]
+    # Node n + j sent its shard to me in step j (a put, signalled on my receive flag): accept each chunk as it
+    # lands (NVSHMEM's wait, which makes the put's data visible here, then its flag for my GEMM), and pass it on.
+    for j in range(1, nodes):
+        for c in range(chunks):
+            out.append(AgUnit(ACCEPT, pe(n + j, l), me, c))
+            out += [AgUnit(FORWARD, pe(n + j, l), pe(n, l - i), c) for i in range(1, L)]
     return out
 
 

@@ -52,6 +52,8 @@ class AllGather:
         self.max_chunks = -(-self.max_rows // self.chunk_rows)
         self.gather = symmetric.empty((W * self.max_rows, self.cols), dtype)
         self.flags = symmetric.zeros((W * self.max_chunks,), torch.int64)
+        # Raised by the puts from other nodes; this PE's kernel accepts each (NVSHMEM's wait) and raises its flag.
+        self.recv = symmetric.zeros((W * self.max_chunks,), torch.int64)
         # Copy-engine flags hold 1 (set by a write-value operation after the data) and are zeroed by their owner
         # at the end of each call; a separate array, so that the epoch values of the SM engine never satisfy them.
         self.ce_flags = symmetric.zeros((W * self.max_chunks,), torch.int64) if copy_engine else None
@@ -144,7 +146,7 @@ class AllGather:
                 slot.copy_(x)
             x = slot
         args = abi.AgArgs(ctx=signals.ctx(), src=x.data_ptr(), gather=self.gather.data_ptr(),
-                          flags=self.flags.data_ptr(), bar=self.sync.bar.data_ptr(),
+                          flags=self.flags.data_ptr(), recv=self.recv.data_ptr(), bar=self.sync.bar.data_ptr(),
                           epoch=self.sync.epoch.data_ptr(), units=units.data_ptr(), block_begin=offsets.data_ptr(),
                           shard_bytes=rows * self.cols * elem, chunk_bytes=self.chunk_rows * self.cols * elem,
                           chunks=chunks, node_size=self.rt.node_size, wait_all=int(wait_all), pace=self.pace,

@@ -6,6 +6,8 @@ NVSHMEM put-with-signal to the PE with the same local index, which adds them in 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..kernels import abi
@@ -18,6 +20,15 @@ from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
+
+
+def evict_first_enabled() -> bool:
+    """Whether the reduce kernel's loads and stores of 16-bit sums carry an L2 evict-first policy
+    ($FLUX_SHMEM_RS_EVICT_FIRST, default 0): partials streamed through once then leave L2 to the GEMM beside it."""
+    v = os.environ.get("FLUX_SHMEM_RS_EVICT_FIRST", "0").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"FLUX_SHMEM_RS_EVICT_FIRST must be 0 or 1, got {v!r}")
+    return v == "1"
 
 class ReduceEngine:
     """Buffers and launch of the reduce-scatter kernel, shared by ReduceScatter and GEMMReduceScatter.
@@ -58,6 +69,7 @@ class ReduceEngine:
         self._wait_done = load("collectives").kernel("fs_wait_done")
         self._plans: dict[tuple, tuple] = {}
         self.pace = pacing.pace(rt.device)
+        self.evict_flag = abi.RS_EVICT_FIRST if evict_first_enabled() and dtype != torch.float32 else 0
 
     def plan(self, rows: int, blocks: int, standalone: bool, swizzle: int = 1, group_tiles: int | None = None,
              tail: int = 0, tail_blocks: int = 0) -> tuple:
@@ -101,7 +113,7 @@ class ReduceEngine:
                           m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tile_n=self.tile_n,
                           tiles_n=self.tiles_n, group_tiles=units.group_tiles, unit_rows=self.unit_rows,
                           node_size=L, max_tiles_m=self.max_tiles_m, max_units=self.max_units,
-                          flags=abi.RS_SIGNAL_DONE if src is not None else 0, pace=self.pace)
+                          flags=(abi.RS_SIGNAL_DONE if src is not None else 0) | self.evict_flag, pace=self.pace)
         # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
         self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 

@@ -311,6 +311,13 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
                 done = max(t, own_copy)
                 land(pe, (pe, u.chunk), done)
                 return done, None
+            if u.kind == sch.ACCEPT:  # the put's landing (recorded at its arrival below), then my flag
+                key = ("recv", pe, (u.src, u.chunk))
+                if key not in ev.known:
+                    return None, key
+                done = max(t, ev.known[key]) + links.put_issue_us
+                land(pe, (u.src, u.chunk), done)
+                return done, None
             need = (pe, (u.src, u.chunk))
             if u.kind == sch.DIRECT:
                 t = max(t, own_copy)
@@ -321,7 +328,10 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
             cls = int(u.dest // L != pe // L)
             rate = links.put_block_gbps if u.kind == sch.PUT and links.put_by_blocks else links.block_gbps
             at = net.transfer(pe, u.dest, cls, nb, t, rate, pe)
-            land(u.dest, (u.src, u.chunk), at)
+            if u.kind == sch.PUT:  # on the receiver's receive flag: its ACCEPT raises the chunk's
+                ev.set(("recv", u.dest, (u.src, u.chunk)), at)
+            else:
+                land(u.dest, (u.src, u.chunk), at)
             return (t + links.put_issue_us if u.kind == sch.PUT and not links.put_by_blocks else at), None
 
     ends = _run_blocks(plans, step, ev, start_us)

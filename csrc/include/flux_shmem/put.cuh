@@ -90,4 +90,21 @@ __device__ __forceinline__ bool block_wait_ge(const Ctx& ctx, const uint64_t* si
   return r;
 }
 
+// Thread 0 waits for a signal that an NVSHMEM put-with-signal may have raised (data from another node, any forced
+// put), the block follows. Once the signal is seen, NVSHMEM's own test (satisfied at once) runs the transport's
+// consistency step at this target: on proxy (IB) transports the data signalled before it is only then guaranteed
+// visible to our loads; on P2P the step is the fence it includes. False (for every thread) when the wait failed.
+__device__ __forceinline__ bool block_wait_put_ge(const Ctx& ctx, uint64_t* sig, uint64_t expected, int site,
+                                                  int index) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = wait_ge(ctx, sig, expected, site, index) ? 1 : 0;
+    if (ok) nvshmem_uint64_test(sig, NVSHMEM_CMP_GE, expected);
+  }
+  __syncthreads();
+  const bool r = ok != 0;
+  __syncthreads();
+  return r;
+}
+
 }  // namespace fs
