@@ -291,6 +291,20 @@ class FusedGEMM:
             self._plans[key] = plan
         return plan
 
+    def prepare(self, ms, layouts=("nk",)) -> None:
+        """Plan calls with every M of `ms` and B layouts `layouts` now: the planner's host time leaves the calls,
+        and a CUDA graph captured afterwards finds its plans made (a capture cannot plan). Nothing collective:
+        plans depend only on the inputs every PE agreed on."""
+        for layout in layouts:
+            if layout not in kgemm.B_LAYOUTS:
+                raise ValueError(f"layout must be one of {kgemm.B_LAYOUTS}, got {layout!r}")
+            for m in ms:
+                m = positive("m", int(m))
+                if m > self.max_m or m % self.rt.world_size:
+                    raise ValueError(f"{type(self).__name__}.prepare: M = {m} is not a multiple of the world size "
+                                     f"{self.rt.world_size} up to max_m = {self.max_m}")
+                self.call_plan(m, layout)
+
     def path(self, m: int, layout: str = "nk") -> str:
         """'fused' or 'decomposed' (or 'gemm' with one PE, where there is nothing to communicate): what a call
         with M = m runs."""
