@@ -19,6 +19,7 @@
 #   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
 #   emuput2         the same with 2 PEs and forced puts
 #   evict2 / evict4 GEMM+RS of emu2 / emu4 with the reduce kernel's L2 evict-first policy (FLUX_SHMEM_RS_EVICT_FIRST=1)
+#   sleep2 / sleep4 the same with the reduce kernel's tile waits sleeping between polls (FLUX_SHMEM_RS_POLL_SLEEP=1)
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
 #   nnput2          nn checks with 2 PEs and forced puts
 #   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2 (MPS)
@@ -72,6 +73,8 @@ for spec in "$@"; do
     emu4) emu 4 ;;
     evict2) FLUX_SHMEM_RS_EVICT_FIRST=1 EMU_OPS=gemm_rs EMU_TAG=_evict emu 2 ;;
     evict4) FLUX_SHMEM_RS_EVICT_FIRST=1 EMU_OPS=gemm_rs EMU_TAG=_evict emu 4 ;;
+    sleep2) FLUX_SHMEM_RS_POLL_SLEEP=1 EMU_OPS=gemm_rs EMU_TAG=_sleep emu 2 ;;
+    sleep4) FLUX_SHMEM_RS_POLL_SLEEP=1 EMU_OPS=gemm_rs EMU_TAG=_sleep emu 4 ;;
     emuput2) emu 2 --force-put ;;
     nn1) timeout "$T" bash $S checks 1 nn | grep -E "CHECK|Error|error|assert" ;;
     nn2) timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;

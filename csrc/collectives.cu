@@ -236,7 +236,7 @@ struct RsArgs {
   int node_size;
   int max_tiles_m;             // M-tiles of tile_ready (the op's largest M)
   int max_units;               // receive-signal slots per node
-  int flags;                   // kRsSignalDone | kRsEvictFirst
+  int flags;                   // kRsSignalDone | kRsEvictFirst | kRsPollSleep
   int pad_;
   Pace pace;
 };
@@ -246,6 +246,7 @@ struct RsArgs {
 // barrier, after which nobody reads the previous call's partials).
 constexpr int kRsSignalDone = 2;      // the last block tells my node's PEs I no longer read their addends
 constexpr int kRsEvictFirst = 4;      // loads and stores of the sums with an L2 evict-first policy (block_sum)
+constexpr int kRsPollSleep = 8;       // waits for GEMM tiles sleep between polls (wait_ge_polite)
 
 namespace fs {
 
@@ -400,7 +401,10 @@ __device__ bool wait_node_tiles(const RsArgs& a, const Topo& t, int tile, int nt
     if (ld_acquire_gpu(s) >= e) continue;
     const uint64_t* c = a.tile_ready + idx;
     const uint64_t* at = q == t.me ? c : static_cast<const uint64_t*>(nvshmem_ptr(c, q));
-    if (!wait_ge(a.ctx, at, e, kSiteRows, int(q * tiles + idx))) { ok = 0; continue; }
+    if (!wait_ge_polite(a.ctx, at, e, kSiteRows, int(q * tiles + idx), (a.flags & kRsPollSleep) != 0)) {
+      ok = 0;
+      continue;
+    }
     st_release_gpu(s, e);
   }
   __syncthreads();

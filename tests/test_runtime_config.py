@@ -69,6 +69,22 @@ def test_start_event_switch(monkeypatch):
         start_event_enabled()
 
 
+def test_reduce_kernel_experiment_switches(monkeypatch):
+    import torch
+    from flux_shmem.kernels import abi
+    from flux_shmem.ops.reduce_scatter import kernel_flags
+    for name in ("FLUX_SHMEM_RS_EVICT_FIRST", "FLUX_SHMEM_RS_POLL_SLEEP"):
+        monkeypatch.delenv(name, raising=False)
+    assert kernel_flags(torch.bfloat16) == 0
+    monkeypatch.setenv("FLUX_SHMEM_RS_EVICT_FIRST", "1")
+    assert kernel_flags(torch.bfloat16) == abi.RS_EVICT_FIRST and kernel_flags(torch.float32) == 0  # 16-bit only
+    monkeypatch.setenv("FLUX_SHMEM_RS_POLL_SLEEP", "1")
+    assert kernel_flags(torch.float16) == abi.RS_EVICT_FIRST | abi.RS_POLL_SLEEP
+    monkeypatch.setenv("FLUX_SHMEM_RS_POLL_SLEEP", "on")
+    with pytest.raises(ValueError, match="FLUX_SHMEM_RS_POLL_SLEEP must be 0 or 1"):
+        kernel_flags(torch.bfloat16)
+
+
 def test_sm_partition_setting_and_split(monkeypatch):
     from flux_shmem.errors import FluxShmemError
     from flux_shmem.runtime import partition

@@ -61,6 +61,7 @@ class RsArgs(ctypes.Structure):
 
 RS_SIGNAL_DONE = 2  # RsArgs.flags (csrc/collectives.cu)
 RS_EVICT_FIRST = 4
+RS_POLL_SLEEP = 8
 
 
 # Error sites (fs::Site) for messages, and a hint at the usual cause.

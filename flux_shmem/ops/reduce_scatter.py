@@ -22,13 +22,20 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 
-def evict_first_enabled() -> bool:
-    """Whether the reduce kernel's loads and stores of 16-bit sums carry an L2 evict-first policy
-    ($FLUX_SHMEM_RS_EVICT_FIRST, default 0): partials streamed through once then leave L2 to the GEMM beside it."""
-    v = os.environ.get("FLUX_SHMEM_RS_EVICT_FIRST", "0").strip()
+def _switch(name: str) -> bool:
+    v = os.environ.get(name, "0").strip()
     if v not in ("0", "1"):
-        raise ValueError(f"FLUX_SHMEM_RS_EVICT_FIRST must be 0 or 1, got {v!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {v!r}")
     return v == "1"
+
+
+def kernel_flags(dtype: torch.dtype) -> int:
+    """Experiments against the fused GEMM's slowdown beside the reduce kernel (1.07-1.21x on an H100, 2026-12-05),
+    off by default until measured: $FLUX_SHMEM_RS_EVICT_FIRST=1, the sums' loads and stores (16-bit types) carry
+    an L2 evict-first policy, so partials streamed through once leave L2 to the GEMM; $FLUX_SHMEM_RS_POLL_SLEEP=1,
+    waits for GEMM tiles sleep between polls."""
+    flags = abi.RS_EVICT_FIRST if _switch("FLUX_SHMEM_RS_EVICT_FIRST") and dtype != torch.float32 else 0
+    return flags | (abi.RS_POLL_SLEEP if _switch("FLUX_SHMEM_RS_POLL_SLEEP") else 0)
 
 class ReduceEngine:
     """Buffers and launch of the reduce-scatter kernel, shared by ReduceScatter and GEMMReduceScatter.
@@ -69,7 +76,7 @@ class ReduceEngine:
         self._wait_done = load("collectives").kernel("fs_wait_done")
         self._plans: dict[tuple, tuple] = {}
         self.pace = pacing.pace(rt.device)
-        self.evict_flag = abi.RS_EVICT_FIRST if evict_first_enabled() and dtype != torch.float32 else 0
+        self.kernel_flags = kernel_flags(dtype)
 
     def plan(self, rows: int, blocks: int, standalone: bool, swizzle: int = 1, group_tiles: int | None = None,
              tail: int = 0, tail_blocks: int = 0) -> tuple:
@@ -113,7 +120,7 @@ class ReduceEngine:
                           m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tile_n=self.tile_n,
                           tiles_n=self.tiles_n, group_tiles=units.group_tiles, unit_rows=self.unit_rows,
                           node_size=L, max_tiles_m=self.max_tiles_m, max_units=self.max_units,
-                          flags=(abi.RS_SIGNAL_DONE if src is not None else 0) | self.evict_flag, pace=self.pace)
+                          flags=(abi.RS_SIGNAL_DONE if src is not None else 0) | self.kernel_flags, pace=self.pace)
         # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
         self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 

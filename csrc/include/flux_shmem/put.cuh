@@ -90,6 +90,18 @@ __device__ __forceinline__ bool block_wait_ge(const Ctx& ctx, const uint64_t* si
   return r;
 }
 
+// wait_ge, optionally sleeping ~200 ns between polls after the first: a comm kernel's many polling threads then
+// stop hammering L2 with acquire loads while the GEMM beside it needs L2 (RsArgs.flags kRsPollSleep).
+__device__ __forceinline__ bool wait_ge_polite(const Ctx& ctx, const uint64_t* sig, uint64_t expected, int site,
+                                               int index, bool sleep) {
+  if (!sleep) return wait_ge(ctx, sig, expected, site, index);
+  uint32_t polls = 0;
+  return spin_wait_ge(ctx, [sig, &polls] {
+    if (polls++ != 0) __nanosleep(200);
+    return ld_acquire_sys(sig);
+  }, expected, sig, site, index);
+}
+
 // Thread 0 waits for a signal that an NVSHMEM put-with-signal may have raised (data from another node, any forced
 // put), the block follows. Once the signal is seen, NVSHMEM's own test (satisfied at once) runs the transport's
 // consistency step at this target: on proxy (IB) transports the data signalled before it is only then guaranteed
