@@ -4,10 +4,25 @@
 //
 // Kernels (one by-value parameter: the CUTLASS kernel's Params, filled by the host functions below):
 //   fs_gemm_rs_{bf16,fp16}_{kn,nk}   D[M,N] = A[M,K] x B + bias[N]; B "kn" = [K,N] row-major, "nk" = [N,K] row-major
+//   fs_gemm_rs_e4m3_nk            (the fp8 build, FS_GEMM_FP8=1, instead of the above) e4m3 A[M,K], B[N,K]:
+//                                   bf16 D = scale_b[n] * (scale_a[m] * A x B) + bias[N], each scale a vector or one
+//                                   float (scale_kind)
 // Host library (FS_HOST_PASS): fs_gemm_rs_<dt>_<bl>_params / _params_size / _workspace_size, fs_gemm_last_error,
-// fs_gemm_tile_m/n, fs_gemm_cluster_m/n, fs_gemm_pingpong, fs_abi_sizeof / fs_abi_offsetof.
+// fs_gemm_tile_m/n/k, fs_gemm_cluster_m/n, fs_gemm_pingpong, fs_gemm_fp8, fs_gemm_fp8_fast_accum, fs_abi_sizeof /
+// fs_abi_offsetof.
 #include "flux_shmem/gemm_ext.cuh"
 
+#if FS_GEMM_FP8
+// The fp8 build (flux_shmem/kernels/build.py, fp8=True): e4m3 A and B, bf16 D, fp32 scales.
+namespace fs {
+namespace gemm {
+using RsE4m3Nk = GemmConfig<ScaledFp8<cutlass::float_e4m3_t, cutlass::bfloat16_t>, true, Identity, RsEpilogue>;
+using RsE4m3NkKernel = RsE4m3Nk::Kernel;
+}  // namespace gemm
+}  // namespace fs
+
+FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_e4m3_nk, fs::gemm::RsE4m3NkKernel)
+#else
 namespace fs {
 namespace gemm {
 using RsBf16Kn = GemmConfig<cutlass::bfloat16_t, false, Identity, RsEpilogue>;
@@ -25,6 +40,7 @@ FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_bf16_kn, fs::gemm::RsBf16KnKernel)
 FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_bf16_nk, fs::gemm::RsBf16NkKernel)
 FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_fp16_kn, fs::gemm::RsFp16KnKernel)
 FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_fp16_nk, fs::gemm::RsFp16NkKernel)
+#endif  // FS_GEMM_FP8
 
 #if defined(FS_HOST_PASS)
 namespace fs {
@@ -36,12 +52,13 @@ template <class Cfg>
 int rs_args(const char* kname, const FsGemmRsArgs* a, typename Cfg::Kernel::Arguments& args) {
   if (a == nullptr) return fail(kErrArgs, std::string(kname) + ": null args");
   int rc = check_problem(kname, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count,
-                         a->swizzle, sizeof(typename Cfg::ElementA));
+                         a->swizzle, sizeof(typename Cfg::ElementA), sizeof(typename Cfg::ElementD));
+  if (rc == kOk) rc = check_scales<Cfg>(kname, ScaleArgs{a->scale_a, a->scale_b, a->scale_kind});
   if (rc != kOk) return rc;
   if (a->tile_ready != nullptr && a->epoch == nullptr)
     return fail(kErrArgs, std::string(kname) + ": tile_ready needs epoch");
   fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
-                     a->swizzle, a->splits);
+                     a->swizzle, a->splits, ScaleArgs{a->scale_a, a->scale_b, a->scale_kind});
   args.epilogue.tile_ready = a->tile_ready;
   args.epilogue.epoch = a->epoch;
   args.scheduler.ctx = to_ctx(a->ctx);
@@ -77,8 +94,12 @@ int64_t rs_workspace_size(const char* kname, const FsGemmRsArgs* a) {
     return fs::gemm::host::rs_workspace_size<Cfg>("fs_gemm_rs_" #dt "_" #bl, a);                             \
   }
 
+#if FS_GEMM_FP8
+FS_RS_HOST(e4m3, nk, fs::gemm::RsE4m3Nk)
+#else
 FS_RS_HOST(bf16, kn, fs::gemm::RsBf16Kn)
 FS_RS_HOST(bf16, nk, fs::gemm::RsBf16Nk)
 FS_RS_HOST(fp16, kn, fs::gemm::RsFp16Kn)
 FS_RS_HOST(fp16, nk, fs::gemm::RsFp16Nk)
+#endif
 #endif  // FS_HOST_PASS

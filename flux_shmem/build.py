@@ -1,9 +1,10 @@
-"""Build every kernel ahead of time: `python -m flux_shmem.build [--family F] [--config C|all] [--arch 90a] [--jobs N]
-[--force] [--list]`.
+"""Build every kernel ahead of time: `python -m flux_shmem.build [--family F] [--config C|all] [--fp8] [--arch 90a]
+[--jobs N] [--force] [--list]`.
 
 Fills the on-disk cache (`$FLUX_SHMEM_CACHE`, default ~/.cache/flux_shmem) that ops load from; without it, each
 family (and, for the GEMM families, each kernel configuration: flux_shmem/kernels/registry.py) is built on first
-use. Needs nvcc but no GPU. Each build runs its device and host passes at once; `--jobs` builds several at once.
+use. `--fp8` adds the GEMM families' fp8 builds (e4m3 kernels) of the same configurations. Needs nvcc but no GPU.
+Each build runs its device and host passes at once; `--jobs` builds several at once.
 """
 from __future__ import annotations
 
@@ -17,17 +18,23 @@ from .kernels import build as kb
 from .kernels import registry
 
 
-def _targets(fams: list[str], configs: list[str] | None, archs: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
+def _targets(fams: list[str], configs: list[str] | None, archs: tuple[str, ...], fp8: bool = False
+             ) -> list[tuple[str, str | None, str, bool]]:
     out = []
     for fam in fams:
         if kb.is_gemm_family(fam):
             cfgs = list(registry.names()) if configs == ["all"] else (configs or [registry.DEFAULT])
             for c in cfgs:
                 registry.get(c)  # unknown names fail here, before anything is built
+            builds = (False, True) if fp8 else (False,)
         else:
-            cfgs = [None]
-        out += [(fam, c, arch) for c in cfgs for arch in archs]
+            cfgs, builds = [None], (False,)
+        out += [(fam, c, arch, f) for f in builds for c in cfgs for arch in archs]
     return out
+
+
+def _label(fam: str, cfg: str | None, fp8: bool) -> str:
+    return fam if cfg is None else f"{fam} [{cfg}{', fp8' if fp8 else ''}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", action="append",
                    help=f"GEMM kernel configuration, repeatable, or 'all' (default: {registry.DEFAULT}); one of "
                         f"{', '.join(registry.names())}")
+    p.add_argument("--fp8", action="store_true", help="also the GEMM families' fp8 builds (e4m3 kernels)")
     p.add_argument("--arch", action="append", help="target arch such as 90a; default: $FLUX_SHMEM_ARCHS or 90a")
     p.add_argument("--jobs", type=int, default=1, help="builds at once (each runs 2 nvcc processes)")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
@@ -44,19 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fams = args.family or kb.families()
         archs = tuple(args.arch) if args.arch else kb.archs_from_env()
-        targets = _targets(fams, args.config, archs)
+        targets = _targets(fams, args.config, archs, args.fp8)
         if args.list:
-            for fam, cfg, arch in targets:
-                hit = kb.cached(fam, arch, cfg)
-                label = fam if cfg is None else f"{fam} [{cfg}]"
+            for fam, cfg, arch, fp8 in targets:
+                hit = kb.cached(fam, arch, cfg, fp8=fp8)
+                label = _label(fam, cfg, fp8)
                 print(f"{label:34s} sm_{arch:4s} {'cached ' + str(hit.cubin) if hit else 'not built'}")
             return 0
 
         def one(target):
-            fam, cfg, arch = target
+            fam, cfg, arch, fp8 = target
             t0 = time.time()
-            art = kb.build(fam, arch, config=cfg, force=args.force)
-            label = fam if cfg is None else f"{fam} [{cfg}]"
+            art = kb.build(fam, arch, config=cfg, fp8=fp8, force=args.force)
+            label = _label(fam, cfg, fp8)
             print(f"{label:34s} sm_{arch:4s} {time.time() - t0:6.1f} s  {art.cubin.name}"
                   + (f"  {art.host_lib.name}" if art.host_lib else ""), flush=True)
 

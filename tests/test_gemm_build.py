@@ -92,10 +92,11 @@ def test_abi_mirrors_match(libs):
             assert lib.fs_abi_sizeof(name.encode()) == ctypes.sizeof(st)
     assert ctypes.sizeof(kg.FsLaunch) == 40
     assert ctypes.sizeof(kg.FsCtx) == 32
-    assert ctypes.sizeof(kg.FsAgGemmArgs) == 168 and ctypes.sizeof(kg.FsGemmRsArgs) == 152
-    # fields added for split-K sit at the end of both structs
+    assert ctypes.sizeof(kg.FsAgGemmArgs) == 192 and ctypes.sizeof(kg.FsGemmRsArgs) == 176
+    # fields added later sit at the end of both structs: split-K (issue 11), then fp8 scales (issue 26)
     for st in (kg.FsAgGemmArgs, kg.FsGemmRsArgs):
-        assert [f for f, _ in st._fields_[-4:]] == ["splits", "pad1_", "workspace", "workspace_bytes"]
+        assert [f for f, _ in st._fields_[-8:]] == ["splits", "pad1_", "workspace", "workspace_bytes", "scale_a",
+                                                    "scale_b", "scale_kind", "pad2_"]
     assert kg.FsAgGemmArgs.splits.offset == 144 and kg.FsGemmRsArgs.splits.offset == 128
 
 
@@ -193,6 +194,8 @@ def test_params_errors_are_reported(libs):
         ag.params(_ag_args(swizzle=3))
     with pytest.raises(FluxShmemError, match="takes FsAgGemmArgs"):
         ag.params(kg.FsGemmRsArgs())
+    with pytest.raises(FluxShmemError, match="scale_a, scale_b and scale_kind are for the e4m3 kernels"):
+        ag.params(_ag_args(scale_a=0x60000))
     rs = kg.GemmHost(libs["gemm_rs"], "gemm_rs", "fp16", "kn")
     with pytest.raises(FluxShmemError, match="tile_ready needs epoch"):
         rs.params(kg.FsGemmRsArgs(m=256, n=256, k=256, a=0x10000, b=0x20000, d=0x30000, sm_count=132,

@@ -7,7 +7,9 @@ Each family is compiled in up to two passes from the same source (run at the sam
     whose C functions fill CUTLASS kernel parameter blocks (TMA descriptors are made on the host).
 
 The GEMM families (sources that include flux_shmem/gemm_ext.cuh) are built once per kernel configuration of the
-registry (flux_shmem/kernels/registry.py): the configuration's FS_GEMM_* macros are -D flags.
+registry (flux_shmem/kernels/registry.py): the configuration's FS_GEMM_* macros are -D flags. Their fp8 build
+(`fp8=True`: -DFS_GEMM_FP8=1, the e4m3 kernels with K-tile 128 instead of the 16-bit ones) is a build of its own,
+keyed apart; FLUX_SHMEM_FP8_FAST_ACCUM=1 makes it with CUTLASS's FP8FastAccum schedules (another key).
 
 Artifacts are cached on disk under a key made of the sources' hash, the arch, the build flags (configuration
 included), the CUTLASS version and, for families linked with NVSHMEM, the NVSHMEM version, so a different NVSHMEM
@@ -36,6 +38,7 @@ from . import registry
 
 DEFAULT_ARCHS = ("90a",)
 _CXX_FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fno-strict-aliasing", "-DNDEBUG")
+ENV_FP8_FAST_ACCUM = "FLUX_SHMEM_FP8_FAST_ACCUM"
 
 
 def csrc_dir() -> Path:
@@ -190,19 +193,41 @@ def resolve_config(family: str, config: "str | registry.KernelConfig | None") ->
         raise BuildError(str(e)) from None
 
 
-def _flags(cfg: "registry.KernelConfig | None") -> tuple[str, ...]:
-    return _CXX_FLAGS + (tuple(f"-D{d}" for d in cfg.defines) if cfg is not None else ())
+def fp8_fast_accum() -> bool:
+    """Whether fp8 builds use CUTLASS's FP8FastAccum schedules (FLUX_SHMEM_FP8_FAST_ACCUM=1; default off)."""
+    return os.environ.get(ENV_FP8_FAST_ACCUM, "") == "1"
 
 
-def cache_key(family: str, arch: str, config: "str | registry.KernelConfig | None" = None) -> str:
+def fp8_defines(fp8: bool) -> tuple[str, ...]:
+    """The fp8 build's macros (without the -D): csrc/include/flux_shmem/gemm_ext.cuh FS_GEMM_FP8, _TILE_K and
+    _FP8_FAST_ACCUM."""
+    if not fp8:
+        return ()
+    return ("FS_GEMM_FP8=1", f"FS_GEMM_TILE_K={registry.TILE_K_FP8}", f"FS_GEMM_FP8_FAST_ACCUM={int(fp8_fast_accum())}")
+
+
+def _flags(cfg: "registry.KernelConfig | None", fp8: bool = False) -> tuple[str, ...]:
+    return _CXX_FLAGS + (tuple(f"-D{d}" for d in cfg.defines + fp8_defines(fp8)) if cfg is not None else ())
+
+
+def _check_fp8(family: str, fp8: bool) -> None:
+    if fp8 and not is_gemm_family(family):
+        raise BuildError(f"family {family!r} has no fp8 build (only {gemm_families()} do)")
+
+
+def cache_key(family: str, arch: str, config: "str | registry.KernelConfig | None" = None, *,
+              fp8: bool = False) -> str:
     tc = toolchain()
     cfg = resolve_config(family, config)
+    _check_fp8(family, fp8)
     h = hashlib.sha256()
     for p in _sources(family):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(" ".join(_flags(cfg)).encode())
+    h.update(" ".join(_flags(cfg, fp8)).encode())
     name = family if cfg is None else f"{family}-{cfg.name}"
+    if fp8:
+        name += "-e4m3" + ("-fastacc" if fp8_fast_accum() else "")
     nvshmem = f"-nvshmem{tc.nvshmem_version}" if uses_nvshmem(family) else ""
     # Only the GEMM families include CUTLASS: the others' keys do not name it (their cubins load where it is absent)
     cutlass = f"-cutlass{tc.cutlass_version}" if cfg is not None else ""
@@ -216,6 +241,7 @@ class Artifacts:
     cubin: Path
     host_lib: Path | None
     config: str | None = None  # registry entry of a GEMM family's build
+    fp8: bool = False          # the fp8 build (e4m3 kernels)
 
 
 def _gencode(arch: str) -> str:
@@ -243,45 +269,49 @@ def _sh(cmd: list[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
-def _artifact_paths(family: str, arch: str, config=None) -> tuple[Path, Path]:
-    key = cache_key(family, arch, config)
+def _artifact_paths(family: str, arch: str, config=None, fp8: bool = False) -> tuple[Path, Path]:
+    key = cache_key(family, arch, config, fp8=fp8)
     return cache_dir() / f"{key}.cubin", cache_dir() / f"lib{key}.so"
 
 
-def cached(family: str, arch: str, config: "str | registry.KernelConfig | None" = None) -> Artifacts | None:
-    """The cached artifacts for this family, arch (and GEMM configuration), or None when they must be built."""
+def cached(family: str, arch: str, config: "str | registry.KernelConfig | None" = None, *,
+           fp8: bool = False) -> Artifacts | None:
+    """The cached artifacts for this family, arch (and GEMM configuration and fp8 build), or None when they must be
+    built."""
     cfg = resolve_config(family, config)
-    cubin, lib = _artifact_paths(family, arch, cfg)
+    cubin, lib = _artifact_paths(family, arch, cfg, fp8)
     host = needs_host_lib(family)
     if cubin.exists() and (not host or lib.exists()):
-        return Artifacts(family, arch, cubin, lib if host else None, cfg.name if cfg else None)
+        return Artifacts(family, arch, cubin, lib if host else None, cfg.name if cfg else None, fp8)
     return None
 
 
 def build(family: str, arch: str = DEFAULT_ARCHS[0], *, config: "str | registry.KernelConfig | None" = None,
-          force: bool = False, verbose: bool = False) -> Artifacts:
+          fp8: bool = False, force: bool = False, verbose: bool = False) -> Artifacts:
     """Build (or reuse from the cache) the cubin and host library of one family for one arch; GEMM families are
-    built per kernel configuration (`config`: a registry name; None = the default)."""
+    built per kernel configuration (`config`: a registry name; None = the default), and with `fp8` as their fp8
+    build (the e4m3 kernels) instead of the 16-bit one."""
     cfg = resolve_config(family, config)
-    if not force and (hit := cached(family, arch, cfg)) is not None:
+    _check_fp8(family, fp8)
+    if not force and (hit := cached(family, arch, cfg, fp8=fp8)) is not None:
         return hit
     tc = toolchain()
     if tc.nvshmem_root is None or not tc.nvshmem_device_lib.exists():
         raise BuildError("NVSHMEM device library not found: `pip install nvidia-nvshmem-cu13` "
                          "(headers and libnvshmem_device.a come from that wheel)")
     nvcc = nvcc_path()
-    cubin, lib = _artifact_paths(family, arch, cfg)
+    cubin, lib = _artifact_paths(family, arch, cfg, fp8)
     cubin.parent.mkdir(parents=True, exist_ok=True)
     src = csrc_dir() / f"{family}.cu"
-    what = family if cfg is None else f"{family} [{cfg.name}]"
+    what = family if cfg is None else f"{family} [{cfg.name}{', fp8' if fp8 else ''}]"
     # One builder per artifact across processes: several ranks of one node may start at once.
     with open(f"{cubin}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and (hit := cached(family, arch, cfg)) is not None:
+        if not force and (hit := cached(family, arch, cfg, fp8=fp8)) is not None:
             return hit
         with tempfile.TemporaryDirectory(dir=cubin.parent) as tmp:
             obj = Path(tmp) / f"{family}.o"
-            common = [nvcc, _gencode(arch), *_flags(cfg), *tc.includes()]
+            common = [nvcc, _gencode(arch), *_flags(cfg, fp8), *tc.includes()]
             tmp_cubin = Path(tmp) / "out.cubin"
             if uses_nvshmem(family):
                 device = [(common + ["-rdc=true", "-DFS_DEVICE_PASS", "-c", str(src), "-o", str(obj)],
@@ -302,11 +332,11 @@ def build(family: str, arch: str = DEFAULT_ARCHS[0], *, config: "str | registry.
                 os.replace(tmp_lib, lib)
             meta = {"family": family, "arch": arch, "config": cfg.name if cfg else None,
                     "nvshmem": tc.nvshmem_version if uses_nvshmem(family) else None, "cutlass": tc.cutlass_version,
-                    "defines": list(cfg.defines) if cfg else [],
+                    "defines": list(cfg.defines + fp8_defines(fp8)) if cfg else [], "fp8": fp8,
                     "nvcc": subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
                     .splitlines()[-1]}
             Path(f"{cubin}.json").write_text(json.dumps(meta, indent=1))
             os.replace(tmp_cubin, cubin)
     if verbose:
         print(f"built {cubin}")
-    return Artifacts(family, arch, cubin, lib if needs_host_lib(family) else None, cfg.name if cfg else None)
+    return Artifacts(family, arch, cubin, lib if needs_host_lib(family) else None, cfg.name if cfg else None, fp8)

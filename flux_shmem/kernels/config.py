@@ -46,12 +46,16 @@ ENV_FORCE = "FLUX_SHMEM_GEMM_CONFIG"
 ENV_TUNE = "FLUX_SHMEM_TUNE"
 SWIZZLES = (1, 2, 4, 8)
 DEFAULT_SWIZZLE = 8
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "e4m3")  # operand dtypes; e4m3 GEMMs output bf16
 LAYOUTS = ("kn", "nk")
+FP8_LAYOUT_ERROR = ("fp8 GEMMs take B as [N, K] row-major ('nk', K contiguous): sm90 fp8 wgmma reads only "
+                    "K-major operands; transpose the weight once to [N, K] (w.t().contiguous() of a [K, N] w) "
+                    "and pass its .t()")
 MARGIN = 0.03  # relative gain the model must see before leaving the default configuration
 
 # Model constants (nominal, one set for every GPU: the model ranks candidates, the tuner measures).
 SM_TFLOPS = 5.0          # dense bf16/fp16 tensor-core rate per SM a good kernel sustains (~660 TF on 132 SMs)
+FP8_SPEEDUP = 2.0        # e4m3 wgmma's rate over bf16's (nominal, as the rest)
 EFFICIENCY = {           # per-k-step efficiency relative to 128x256 cooperative
     ("cooperative", 128, 256): 1.0, ("cooperative", 256, 128): 1.0,
     ("cooperative", 128, 128): 0.90, ("pingpong", 128, 128): 0.95,
@@ -117,13 +121,22 @@ def tail_plan(tiles: int, clusters: int, split: int, k_tiles: int) -> Tuple[int,
 
 
 def dtype_name(dtype) -> str:
-    """'bf16' / 'fp16' from those strings or a torch dtype (without importing torch)."""
+    """'bf16' / 'fp16' / 'e4m3' from those strings or a torch dtype (without importing torch)."""
     text = str(dtype)
-    names = {"bf16": "bf16", "fp16": "fp16", "torch.bfloat16": "bf16", "torch.float16": "fp16",
-             "bfloat16": "bf16", "float16": "fp16"}
+    names = {"bf16": "bf16", "fp16": "fp16", "e4m3": "e4m3", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+             "torch.float8_e4m3fn": "e4m3", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "e4m3"}
     if text not in names:
-        raise FluxShmemError(f"CUTLASS GEMMs take bfloat16 or float16 operands, not {dtype}")
+        if "e5m2" in text:
+            raise FluxShmemError(f"CUTLASS fp8 GEMMs take float8_e4m3fn operands, not {dtype}: cast to "
+                                 "float8_e4m3fn (x.to(torch.float8_e4m3fn), rescaling for its range)")
+        raise FluxShmemError(f"CUTLASS GEMMs take bfloat16 or float16 operands (or float8_e4m3fn with scales), not "
+                             f"{dtype}")
     return names[text]
+
+
+def elem_bytes(dt: str) -> tuple:
+    """(bytes of an A/B element, bytes of a D element) of operands `dt` (a dtype_name)."""
+    return (1, 2) if dt == "e4m3" else (2, 2)
 
 
 def persistent_clusters(cfg: KernelConfig, sm_count: int) -> int:
@@ -191,8 +204,9 @@ def _efficiency(cfg: KernelConfig) -> float:
 
 
 def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: int = 1, *, elem_bytes: int = 2,
-             group_rows: Optional[int] = None) -> Estimate:
-    """The model's time for one configuration and K split (see the module docstring)."""
+             group_rows: Optional[int] = None, dtype: str = "bf16") -> Estimate:
+    """The model's time for one configuration and K split (see the module docstring). elem_bytes: of D; dtype:
+    the operands' (e4m3: K-tiles of registry.TILE_K_FP8 at FP8_SPEEDUP times the rate)."""
     if min(m, n, k) <= 0:
         raise FluxShmemError(f"bad GEMM size {m}x{n}x{k}")
     if not 1 <= split <= cfg.max_splits:
@@ -200,9 +214,11 @@ def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: in
     cm, cn = cluster_tiles(cfg, m, n)
     tiles = cm * cn
     clusters = persistent_clusters(cfg, sm_count)
-    k_tiles = -(-k // registry.TILE_K)
+    tile_k = registry.tile_k(dtype)
+    k_tiles = -(-k // tile_k)
     split = min(split, k_tiles)
-    step_us = cfg.tile_m * cfg.tile_n * registry.TILE_K * 2 / (SM_TFLOPS * 1e6 * _efficiency(cfg))
+    rate = SM_TFLOPS * (FP8_SPEEDUP if dtype == "e4m3" else 1.0)
+    step_us = cfg.tile_m * cfg.tile_n * tile_k * 2 / (rate * 1e6 * _efficiency(cfg))
     out_bytes = cfg.tile_m * cfg.tile_n * elem_bytes
     epi_us = (EPILOGUE_US + out_bytes / (STORE_GBPS * 1e3)) if not cfg.pingpong else 0.1 * EPILOGUE_US
     tile_us = k_tiles * step_us + epi_us
@@ -219,7 +235,7 @@ def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: in
     return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, units, note)
 
 
-def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> List[int]:
+def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, dtype: str = "bf16") -> List[int]:
     """Splits worth modelling: 1, and when the last wave is partial, the splits that make other stream-K plans
     (above one wave every split > 1 is the same plan; below, the pieces per tile up to filling every cluster)."""
     if cfg.max_splits == 1:
@@ -230,13 +246,13 @@ def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> 
         return [1]
     if tiles > clusters:
         return [1, 2]
-    k_tiles = -(-k // registry.TILE_K)
+    k_tiles = -(-k // registry.tile_k(dtype))
     top = min(cfg.max_splits, k_tiles, -(-clusters // tiles))
     return list(range(1, top + 1))
 
 
 def candidates(m: int, n: int, k: int, sm_count: int, *, configs: Optional[Iterable[str]] = None,
-               group_rows: Optional[int] = None, elem_bytes: int = 2) -> List[Estimate]:
+               group_rows: Optional[int] = None, elem_bytes: int = 2, dtype: str = "bf16") -> List[Estimate]:
     """Every (configuration, split) the model considers, fastest first (ties: registry order, fewer splits)."""
     names = list(configs) if configs is not None else list(registry.names())
     if not names:
@@ -244,9 +260,9 @@ def candidates(m: int, n: int, k: int, sm_count: int, *, configs: Optional[Itera
     out = []
     for order, name in enumerate(names):
         cfg = registry.get(name)
-        for split in _split_options(cfg, m, n, k, sm_count):
+        for split in _split_options(cfg, m, n, k, sm_count, dtype):
             out.append((order, estimate(cfg, m, n, k, sm_count, split, elem_bytes=elem_bytes,
-                                        group_rows=group_rows)))
+                                        group_rows=group_rows, dtype=dtype)))
     out.sort(key=lambda t: (t[1].us, t[0], t[1].split))
     return [e for _, e in out]
 
@@ -257,12 +273,13 @@ def heuristic(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_r
     faster by more than MARGIN."""
     _check(m, n, k, dtype, layout, sm_count)
     names = tuple(configs) if configs is not None else registry.names()
-    return _heuristic(m, n, k, sm_count, group_rows, names)
+    return _heuristic(m, n, k, sm_count, group_rows, names, dtype_name(dtype))
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments; ops ask per call
-def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int], names: Tuple[str, ...]) -> Choice:
-    ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows)
+def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int], names: Tuple[str, ...],
+               dt: str = "bf16") -> Choice:
+    ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows, dtype=dt)
     base_name = registry.DEFAULT if registry.DEFAULT in names else names[0]
     base = next(e for e in ranked if e.config.name == base_name and e.split == 1)
     best = ranked[0]
@@ -272,17 +289,20 @@ def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int],
         why = f"{base.us / best.us:.2f}x faster than the default in the model"
     reason = f"{best.summary()}; {why}" + (f"; {best.swizzle_note}" if best.swizzle_note else "")
     return Choice(best.config.name, best.swizzle, best.split, "heuristic", reason,
-                  round(max(best.us, _dram_floor_us(m, n, k)) + LAUNCH_US, 1))
+                  round(max(best.us, _dram_floor_us(m, n, k, *elem_bytes(dt))) + LAUNCH_US, 1))
 
 
-def _dram_floor_us(m: int, n: int, k: int, elem_bytes: int = 2) -> float:
-    return (m * k + k * n + m * n) * elem_bytes / (DRAM_GBPS * 1e3)
+def _dram_floor_us(m: int, n: int, k: int, elem_bytes: int = 2, out_bytes: Optional[int] = None) -> float:
+    out_bytes = elem_bytes if out_bytes is None else out_bytes
+    return ((m * k + k * n) * elem_bytes + m * n * out_bytes) / (DRAM_GBPS * 1e3)
 
 
 def _check(m: int, n: int, k: int, dtype, layout: str, sm_count: int) -> None:
-    dtype_name(dtype)
+    dt = dtype_name(dtype)
     if layout not in LAYOUTS:
         raise FluxShmemError(f"layout {layout!r} unknown: 'kn' (B is [K, N]) or 'nk' (B is [N, K])")
+    if dt == "e4m3" and layout != "nk":
+        raise FluxShmemError(FP8_LAYOUT_ERROR)
     if min(m, n, k) <= 0:
         raise FluxShmemError(f"bad GEMM size {m}x{n}x{k}: M, N and K must be positive")
     if sm_count <= 0:
@@ -386,7 +406,7 @@ def _tuned(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, allowed:
     except tune_cache.TuneCacheError as e:
         tune_cache.warn_once(str(e))
         return None
-    if entry is None and os.environ.get(ENV_TUNE, "") == "1":
+    if entry is None and os.environ.get(ENV_TUNE, "") == "1" and dt != "e4m3":  # the tuner measures 16-bit only
         entry = _tune_now(m, n, k, dt, layout, sm_count, device)
     if entry is None or entry.config not in allowed:
         return None

@@ -12,9 +12,13 @@ as the kernel's single by-value parameter.
     g.launch(args)                       # on torch's current stream; allocates the split-K workspace if needed
 
     d = gemm(a, b, bias)                 # the plain GEMM (no communication), configuration chosen for the shape
+    d = gemm(a8, w8.t(), scale_a=sa, scale_b=sb)   # fp8: e4m3 operands, fp32 scales, bf16 out
 
 Kernels: `fs_<family>_<dt>_<bl>` with dt in {bf16, fp16} and bl in {kn, nk}: A [M, K] row-major, B [K, N]
-row-major ("kn") or [N, K] row-major ("nk"), D [M, N] row-major, fp32 accumulation, D = A @ B + bias[N].
+row-major ("kn") or [N, K] row-major ("nk"), D [M, N] row-major, fp32 accumulation, D = A @ B + bias[N]. The fp8
+build of each family (build.py fp8=True) holds `fs_<family>_e4m3_nk` instead: e4m3 A [M, K] and B [N, K] (sm90
+fp8 wgmma reads K-major operands only), bf16 D = scale_b * (scale_a * A @ B) + bias[N], fp32 scales in device
+memory, each one float (per-tensor) or a vector (rowwise: scale_a[M], scale_b[N]; FsAgGemmArgs.scale_kind).
 Tiles are the configuration's `tile_shape` with clusters of `cluster_shape` CTAs; M-tiles are visited in the order
 of `m_tile_order` (the CTAs of a cluster take consecutive entries at the same N-tile), all N-tiles of a group of
 `swizzle * cluster_m` consecutive entries before the next group. `splits` > 1 runs the last partial wave and the
@@ -38,10 +42,15 @@ c_u32, c_u64, c_i64, c_i32, c_ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_i
 
 FAMILIES = ("ag_gemm", "gemm_rs")
 B_LAYOUTS = ("kn", "nk")
-DTYPE_NAMES = ("bf16", "fp16")
+DTYPE_NAMES = ("bf16", "fp16", "e4m3")
+FP8_LAYOUTS = ("nk",)
 
-# Fields added after the first release go at the end (issue 11: splits, workspace), in both structs alike.
-_TAIL = [("splits", c_i32), ("pad1_", c_i32), ("workspace", c_ptr), ("workspace_bytes", c_u64)]
+# Fields added after the first release go at the end (issue 11: splits, workspace; issue 26: fp8 scales), in both
+# structs alike.
+_TAIL = [("splits", c_i32), ("pad1_", c_i32), ("workspace", c_ptr), ("workspace_bytes", c_u64),
+         ("scale_a", c_ptr), ("scale_b", c_ptr), ("scale_kind", c_i32), ("pad2_", c_i32)]
+SCALE_ROWWISE_A = 1  # scale_kind bits (gemm_abi.h FS_SCALE_ROWWISE_*): that scale is a vector, else one float
+SCALE_ROWWISE_B = 2
 
 
 class FsLaunch(ctypes.Structure):
@@ -91,6 +100,8 @@ def kernel_name(family: str, dtype_name: str, b_layout: str) -> str:
         raise FluxShmemError(f"GEMM dtype {dtype_name!r} unsupported: use one of {DTYPE_NAMES}")
     if b_layout not in B_LAYOUTS:
         raise FluxShmemError(f"b_layout {b_layout!r} unknown: 'kn' (B is [K, N]) or 'nk' (B is [N, K])")
+    if dtype_name == "e4m3" and b_layout not in FP8_LAYOUTS:
+        raise FluxShmemError(kconfig.FP8_LAYOUT_ERROR)
     return f"fs_{family}_{dtype_name}_{b_layout}"
 
 
@@ -129,13 +140,19 @@ class GemmHost:
         self.lib, self.family = lib, family
         self.name = kernel_name(family, dtype_name_, b_layout)
         self.args_type = ARGS_TYPE[family]
+        fp8_fn = getattr(lib, "fs_gemm_fp8", None)  # absent from libraries built before the fp8 build existed
+        fp8 = bool(fp8_fn()) if fp8_fn is not None else False
+        if fp8 != (dtype_name_ == "e4m3"):
+            raise BuildError(f"host library of {family} is its {'fp8' if fp8 else '16-bit'} build, which has no "
+                             f"{self.name}: load the {'16-bit' if fp8 else 'fp8'} build "
+                             f"(kernels.build.build(..., fp8={not fp8}))")
         try:
             self._params = getattr(lib, self.name + "_params")
             size_fn = getattr(lib, self.name + "_params_size")
             self._workspace_size = getattr(lib, self.name + "_workspace_size")
             self._last_error = lib.fs_gemm_last_error
-            for fn in ("fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_cluster_m", "fs_gemm_cluster_n",
-                       "fs_gemm_pingpong"):
+            for fn in ("fs_gemm_tile_m", "fs_gemm_tile_n", "fs_gemm_tile_k", "fs_gemm_cluster_m",
+                       "fs_gemm_cluster_n", "fs_gemm_pingpong", "fs_gemm_fp8", "fs_gemm_fp8_fast_accum"):
                 getattr(lib, fn).restype = c_i32
         except AttributeError as e:
             raise BuildError(f"host library of {family} lacks {e}: rebuild with `python -m flux_shmem.build "
@@ -150,6 +167,9 @@ class GemmHost:
         self.tile_shape = (int(lib.fs_gemm_tile_m()), int(lib.fs_gemm_tile_n()))
         self.cluster_shape = (int(lib.fs_gemm_cluster_m()), int(lib.fs_gemm_cluster_n()))
         self.pingpong = bool(lib.fs_gemm_pingpong())
+        self.tile_k = int(lib.fs_gemm_tile_k())
+        self.fp8 = bool(lib.fs_gemm_fp8())
+        self.fast_accum = bool(lib.fs_gemm_fp8_fast_accum())
         built = (self.tile_shape, self.cluster_shape, self.pingpong)
         if config is None:
             match = [c for c in registry.CONFIGS.values() if _shape_of(c) == built]
@@ -233,11 +253,15 @@ class CutlassGemm:
         from . import module as kmodule
         self.family, self.dtype, self.b_layout = family, dtype, b_layout
         self.config = registry.get(config)
-        name = kernel_name(family, dtype_name(dtype), b_layout)
-        self.module = kmodule.load(family, self.config.name)
+        dt = dtype_name(dtype)
+        name = kernel_name(family, dt, b_layout)
+        self.fp8 = dt == "e4m3"
+        self.module = kmodule.load(family, self.config.name, fp8=self.fp8)
+        fp8_flag = " --fp8" if self.fp8 else ""
         if self.module.host_lib is None:
             raise BuildError(f"family {family} was built without its host library: rebuild it with "
-                             f"`python -m flux_shmem.build --family {family} --config {self.config.name} --force`")
+                             f"`python -m flux_shmem.build --family {family} --config {self.config.name}{fp8_flag} "
+                             "--force`")
         check_abi(self.module.host_lib)
         self.host = GemmHost(self.module.host_lib, family, dtype_name(dtype), b_layout, config=self.config)
         self.kernel = self.module.kernel(name)
@@ -245,7 +269,7 @@ class CutlassGemm:
             raise BuildError(f"{name}: the cubin takes {self.kernel.param_size} parameter bytes, the host library "
                              f"makes {self.host.params_size}: cubin and host library come from different builds; "
                              f"rebuild with `python -m flux_shmem.build --family {family} --config "
-                             f"{self.config.name} --force`")
+                             f"{self.config.name}{fp8_flag} --force`")
         self.name = name
         self._workspace = None  # torch uint8 tensor, zeroed when allocated; the kernel leaves it zeroed
         self._max_ctas: dict[int, int] = {}  # CUstream handle -> resident CTAs in its context (0: unknown)
@@ -344,22 +368,92 @@ def _shared_gemm(family: str, dt: str, b_layout: str, config: str) -> CutlassGem
 
 
 def plain_args(family: str, a, b, d, bias, m: int, n: int, k: int, *, sm_count: int, device_id: int,
-               choice: kconfig.Choice) -> GemmArgs:
-    """Argument struct of a plain GEMM (no waits, no signals) of either family with `choice`'s swizzle and split."""
+               choice: kconfig.Choice, scale_a: int = 0, scale_b: int = 0, scale_kind: int = 0) -> GemmArgs:
+    """Argument struct of a plain GEMM (no waits, no signals) of either family with `choice`'s swizzle and split;
+    scale_a/scale_b (device addresses of fp32 scales) and scale_kind for the e4m3 kernels."""
     common = dict(m=m, n=n, k=k, a=a, b=b, d=d, bias=bias or 0, sm_count=sm_count, device_id=device_id,
-                  swizzle=choice.swizzle, splits=choice.split, ctx=FsCtx())
+                  swizzle=choice.swizzle, splits=choice.split, ctx=FsCtx(), scale_a=scale_a or 0,
+                  scale_b=scale_b or 0, scale_kind=scale_kind)
     return ARGS_TYPE[family](**common)
 
 
-def gemm(a, b, bias=None, *, out=None, family: str = "gemm_rs", choice: Optional[kconfig.Choice] = None,
-         sm_count: Optional[int] = None, stream=None):
-    """out[m, n] = a[m, k] @ b[k, n] (+ bias[n]) with our CUTLASS kernel: the plain GEMM of `family` (no
-    communication). b is row-major [k, n] or the transpose of a row-major [n, k] weight (w.t()). The configuration
-    is `choice`, else config.choose() for this shape on `sm_count` SMs (default: all of the device's). Returns out."""
+def fp8_scales(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
+    """Check fp8 operands of `gemm` and normalise their scales: (scale_a, scale_b, scale_kind) with each scale a
+    flat fp32 view (one element: per-tensor). a: [M, K] e4m3; b: [K, N] e4m3, the transpose of a row-major
+    [N, K] tensor; scale_a: shape [] or [1] (per-tensor) or [M] / [M, 1] (rowwise, one per row of a); scale_b:
+    [] or [1], or [N] / [1, N] (one per column of b); both fp32 on a's device, as torch._scaled_mm takes them.
+    Raises FluxShmemError naming the fix. Needs no GPU (the checks read shapes, dtypes and devices only)."""
     import torch
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype == torch.float8_e5m2:
+            raise FluxShmemError(f"gemm: {name} is float8_e5m2; the fp8 kernels take float8_e4m3fn: cast to "
+                                 f"float8_e4m3fn ({name}.to(torch.float8_e4m3fn), rescaled for its range)")
+        if t.dtype != torch.float8_e4m3fn:
+            raise FluxShmemError(f"gemm: a and b must both be float8_e4m3fn for an fp8 GEMM; {name} is {t.dtype} "
+                                 f"(cast it with {name}.to(torch.float8_e4m3fn) and a scale)")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise FluxShmemError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
-    if b.is_contiguous():
+    m, n = a.shape[0], b.shape[1]
+    if b.is_contiguous() and not b.t().is_contiguous():
+        raise FluxShmemError(f"gemm: {kconfig.FP8_LAYOUT_ERROR}")
+    if scale_a is None or scale_b is None:
+        raise FluxShmemError("gemm: fp8 GEMMs need scale_a and scale_b (fp32 tensors, D = scale_a * scale_b * "
+                             "(a @ b)): pass torch.ones((), dtype=torch.float32, device=a.device) for an unscaled "
+                             "operand")
+    want = torch.bfloat16 if out_dtype is None else out_dtype
+    if want != torch.bfloat16:
+        raise FluxShmemError(f"gemm: fp8 GEMMs output torch.bfloat16 (the kernels built); got out_dtype={want}: "
+                             "pass out_dtype=torch.bfloat16 and cast the result")
+    if bias is not None and (bias.dtype != want or tuple(bias.shape) != (n,)):
+        raise FluxShmemError(f"gemm: bias must be [{n}] of the output dtype {want}; got {tuple(bias.shape)} "
+                             f"{bias.dtype} (bias.to({want}))")
+    out = []
+    kind = 0
+    for name, s, rows, vec_shapes, bit in (("scale_a", scale_a, m, ((m,), (m, 1)), SCALE_ROWWISE_A),
+                                           ("scale_b", scale_b, n, ((n,), (1, n)), SCALE_ROWWISE_B)):
+        if not isinstance(s, torch.Tensor):
+            raise FluxShmemError(f"gemm: {name} must be a torch.Tensor of fp32 (a Python number cannot be "
+                                 f"captured in a CUDA graph): pass torch.tensor({s!r}, dtype=torch.float32, "
+                                 "device=a.device)")
+        if s.dtype != torch.float32:
+            raise FluxShmemError(f"gemm: {name} must be float32, got {s.dtype}: pass {name}.float()")
+        if s.device != a.device:
+            raise FluxShmemError(f"gemm: {name} is on {s.device} but a is on {a.device}: pass "
+                                 f"{name}.to({str(a.device)!r})")
+        shape = tuple(s.shape)
+        if shape in ((), (1,), (1, 1)):
+            pass
+        elif shape in vec_shapes:
+            kind |= bit
+        else:
+            per = "row of a" if name == "scale_a" else "column of b"
+            raise FluxShmemError(f"gemm: {name} has shape {shape}; use [] or [1] (per-tensor) or "
+                                 f"{' or '.join(str(list(v)) for v in vec_shapes)} (rowwise: one per {per})")
+        if not s.is_contiguous():  # a copy here would be freed before the kernel reads it
+            raise FluxShmemError(f"gemm: {name} must be contiguous: pass {name}.contiguous()")
+        out.append(s.reshape(-1))  # a view: the caller's tensor holds the memory the kernel reads
+    return out[0], out[1], kind
+
+
+def gemm(a, b, bias=None, *, out=None, family: str = "gemm_rs", choice: Optional[kconfig.Choice] = None,
+         sm_count: Optional[int] = None, stream=None, scale_a=None, scale_b=None, out_dtype=None):
+    """out[m, n] = a[m, k] @ b[k, n] (+ bias[n]) with our CUTLASS kernel: the plain GEMM of `family` (no
+    communication). b is row-major [k, n] or the transpose of a row-major [n, k] weight (w.t()). The configuration
+    is `choice`, else config.choose() for this shape on `sm_count` SMs (default: all of the device's). Returns out.
+
+    fp8: a and b float8_e4m3fn (b the transpose of a row-major [n, k] weight), fp32 `scale_a` and `scale_b`
+    (per-tensor or rowwise, `fp8_scales`), out = scale_a * scale_b * (a @ b) + bias in `out_dtype` (bfloat16)."""
+    import torch
+    fp8 = a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or b.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    scales = (None, None, 0)
+    if fp8:
+        scales = fp8_scales(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+    elif scale_a is not None or scale_b is not None:
+        raise FluxShmemError(f"gemm: scale_a/scale_b are for float8_e4m3fn operands; a is {a.dtype}: drop them, or "
+                             "quantize a and b to float8_e4m3fn")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise FluxShmemError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    if b.is_contiguous() and not fp8:
         layout = "kn"
     elif b.t().is_contiguous():
         layout = "nk"
@@ -374,10 +468,16 @@ def gemm(a, b, bias=None, *, out=None, family: str = "gemm_rs", choice: Optional
         sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     if choice is None:
         choice = kconfig.choose(m, n, k, a.dtype, layout, sm_count)
+    out_dt = torch.bfloat16 if fp8 else a.dtype
     if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        out = torch.empty((m, n), dtype=out_dt, device=a.device)
+    elif out.dtype != out_dt or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        raise FluxShmemError(f"gemm: out must be a contiguous [{m}, {n}] {out_dt} tensor, got {tuple(out.shape)} "
+                             f"{out.dtype}")
+    sa, sb, kind = scales
     g = CutlassGemm.get(family, a.dtype, layout, choice.config)
     g.launch(plain_args(family, a.data_ptr(), b.data_ptr(), out.data_ptr(),
                         bias.data_ptr() if bias is not None else 0, m, n, k, sm_count=sm_count, device_id=dev,
-                        choice=choice), stream=stream)
+                        choice=choice, scale_a=sa.data_ptr() if fp8 else 0, scale_b=sb.data_ptr() if fp8 else 0,
+                        scale_kind=kind), stream=stream)
     return out

@@ -237,10 +237,10 @@ class Module:
     """A family's cubin (built or taken from the cache; GEMM families per kernel configuration), NVSHMEM-initialised
     when it uses NVSHMEM."""
 
-    def __init__(self, family: str, config: str | None = None):
+    def __init__(self, family: str, config: str | None = None, fp8: bool = False):
         from cuda.core import ObjectCode
-        self.family, self.config = family, config
-        art = kbuild.build(family, device_arch(), config=config)
+        self.family, self.config, self.fp8 = family, config, fp8
+        art = kbuild.build(family, device_arch(), config=config, fp8=fp8)
         import torch
         torch.empty(1, device="cuda")  # the device's primary context must exist (and be current) to load
         self.obj = ObjectCode.from_cubin(art.cubin.read_bytes())
@@ -258,16 +258,16 @@ class Module:
         return self._kernels[name]
 
 
-def load(family: str, config: str | None = None) -> Module:
-    """The loaded module of a family (of one kernel configuration for the GEMM families; None = the default); one
-    per process and configuration. Families that use NVSHMEM need it initialised first; the GEMM families do not.
-    Ops ask for their modules on every call, so the answer is cached by the arguments as given (resolving a
-    configuration reads the family's source)."""
-    key = (family, config if config is None or isinstance(config, str) else config.name)
+def load(family: str, config: str | None = None, fp8: bool = False) -> Module:
+    """The loaded module of a family (of one kernel configuration for the GEMM families; None = the default; `fp8`:
+    their fp8 build); one per process, configuration and build. Families that use NVSHMEM need it initialised
+    first; the GEMM families do not. Ops ask for their modules on every call, so the answer is cached by the
+    arguments as given (resolving a configuration reads the family's source)."""
+    key = (family, config if config is None or isinstance(config, str) else config.name, fp8)
     mod = _BY_ARGS.get(key)
     if mod is None:
         cfg = kbuild.resolve_config(family, config)
-        mod = _BY_ARGS[key] = _load(family, cfg.name if cfg is not None else None)
+        mod = _BY_ARGS[key] = _load(family, cfg.name if cfg is not None else None, fp8)
     return mod
 
 
@@ -275,8 +275,8 @@ _BY_ARGS: dict[tuple, Module] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _load(family: str, config: str | None) -> Module:
-    return Module(family, config)
+def _load(family: str, config: str | None, fp8: bool = False) -> Module:
+    return Module(family, config, fp8)
 
 
 def _forget_all() -> None:

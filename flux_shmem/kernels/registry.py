@@ -18,7 +18,8 @@ from typing import Dict, Tuple
 from ..errors import FluxShmemError
 
 SCHEDULES = ("cooperative", "pingpong")
-TILE_K = 64
+TILE_K = 64       # K-tile of the 16-bit builds: 128 bytes of bf16/fp16 per row, the widest TMA/wgmma swizzle
+TILE_K_FP8 = 128  # the fp8 builds' (FS_GEMM_TILE_K): 128 bytes of e4m3
 MAX_SPLITS = 16  # the cooperative kernels' bound (OrderedTileScheduler::kMaxSplits)
 # What a split means to the scheduler (csrc/include/flux_shmem/gemm_schedule.cuh); part of the fingerprint, so tuned
 # choices measured under another meaning are stale. v1: equal K splits of the last wave's tiles; v2: stream-K over
@@ -101,6 +102,12 @@ def get(config: "str | KernelConfig | None" = None) -> KernelConfig:
         return CONFIGS[config]
     except KeyError:
         raise FluxShmemError(f"unknown GEMM kernel configuration {config!r}: one of {', '.join(CONFIGS)}") from None
+
+
+def tile_k(dtype_name: str = "bf16") -> int:
+    """The K-tile of the builds for operands of `dtype_name` ('bf16', 'fp16' or 'e4m3'): the same entries serve
+    every dtype, only the K-tile differs."""
+    return TILE_K_FP8 if dtype_name == "e4m3" else TILE_K
 
 
 def names() -> Tuple[str, ...]:

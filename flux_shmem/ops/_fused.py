@@ -187,10 +187,10 @@ class FusedGEMM:
     family = ""
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype, mode: str, comm_blocks: Optional[int]):
-        rt = self.rt = get_runtime()
         name = type(self).__name__
+        check_dtype(name, dtype)  # before the runtime: an unsupported dtype is the caller's error on any machine
+        rt = self.rt = get_runtime()
         self.max_m, self.n, self.k = positive("max_m", max_m), positive("n", n), positive("k", k)
-        check_dtype(name, dtype)
         for what, v in (("K", k), ("N", n)):  # TMA needs 16-byte aligned rows
             if v % 8:
                 raise ValueError(f"{name}: {what} = {v} is not a multiple of 8 (TMA needs 16-byte rows); pad "

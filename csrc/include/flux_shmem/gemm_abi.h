@@ -14,6 +14,10 @@
 extern "C" {
 #endif
 
+/* FsAgGemmArgs / FsGemmRsArgs scale_kind bits: which fp8 scale is a vector (the other is one float). */
+#define FS_SCALE_ROWWISE_A 1   /* scale_a is float[M]: one per row of A (of D) */
+#define FS_SCALE_ROWWISE_B 2   /* scale_b is float[N]: one per row of the [N, K] B (per column of D) */
+
 /* C twin of fs::Ctx (signal.cuh): same fields, same layout (static_asserts in gemm_ext.cuh). */
 typedef struct FsCtx {
   void* err;              /* fs::ErrorSlot* (device memory: claim word + pointer to the pinned ErrorRecord), or NULL */
@@ -57,6 +61,12 @@ typedef struct FsAgGemmArgs {
   int32_t pad1_;
   void* workspace;               /* zeroed once when allocated (the kernel resets its locks), or NULL */
   uint64_t workspace_bytes;      /* size of workspace (fs_<family>_<dt>_<bl>_workspace_size) */
+  /* added for fp8 (issue 26): the e4m3 kernels' fp32 scales, D = scale_b * (scale_a * A x B) + bias; both NULL in
+     the 16-bit kernels */
+  const void* scale_a;           /* float[M] with FS_SCALE_ROWWISE_A in scale_kind, else one float (device memory) */
+  const void* scale_b;           /* float[N] with FS_SCALE_ROWWISE_B in scale_kind, else one float (device memory) */
+  int32_t scale_kind;            /* FS_SCALE_ROWWISE_A | FS_SCALE_ROWWISE_B, or 0: both per-tensor */
+  int32_t pad2_;
 } FsAgGemmArgs;
 
 /* GEMM + ReduceScatter: D[M,N] (local partial) = A[M,K] x B + bias[N]; marks each finished tile in tile_ready. */
@@ -79,6 +89,10 @@ typedef struct FsGemmRsArgs {
   int32_t pad1_;
   void* workspace;
   uint64_t workspace_bytes;
+  const void* scale_a;           /* as in FsAgGemmArgs */
+  const void* scale_b;
+  int32_t scale_kind;
+  int32_t pad2_;
 } FsGemmRsArgs;
 
 #ifdef __cplusplus

@@ -627,11 +627,19 @@ using Identity = T;
 
 // The configuration of every kernel of one build: a named entry of the registry (flux_shmem/kernels/registry.py),
 // which passes these macros as -D flags (they are part of the build's cache key). Without them: the default entry.
-//   FS_GEMM_TILE_M, FS_GEMM_TILE_N   CTA tile (cooperative) or consumer-warpgroup tile (pingpong); K-tile 64
+//   FS_GEMM_TILE_M, FS_GEMM_TILE_N   CTA tile (cooperative) or consumer-warpgroup tile (pingpong)
 //   FS_GEMM_CLUSTER_M, _N            CTAs per cluster
 //   FS_GEMM_PINGPONG                 0: cooperative (both consumer warpgroups on one tile; run-time split-K)
 //                                    1: pingpong (each consumer warpgroup on its own tile, epilogues overlapping
 //                                       the other's mainloop; no split-K)
+// and, from the build itself (flux_shmem/kernels/build.py), not the registry:
+//   FS_GEMM_FP8                      1: the fp8 build (e4m3 A and B, scaled epilogue; ag_gemm.cu, gemm_rs.cu)
+//   FS_GEMM_TILE_K                   K-tile: 64 (128 bytes of 16-bit operands), 128 in the fp8 build (128 bytes
+//                                    of e4m3: the widest TMA/wgmma swizzle either way)
+//   FS_GEMM_FP8_FAST_ACCUM           1: CUTLASS's FP8FastAccum schedules (wgmma accumulates straight into the
+//                                    fp32 registers); 0 (default): its FP8 mainloop, which adds each K-tile's
+//                                    wgmma results into separate fp32 accumulators (more accurate for long K, as
+//                                    torch._scaled_mm's use_fast_accum=False)
 #ifndef FS_GEMM_TILE_M
 #define FS_GEMM_TILE_M 128
 #endif
@@ -647,53 +655,129 @@ using Identity = T;
 #ifndef FS_GEMM_PINGPONG
 #define FS_GEMM_PINGPONG 0
 #endif
+#ifndef FS_GEMM_FP8
+#define FS_GEMM_FP8 0
+#endif
+#ifndef FS_GEMM_TILE_K
+#if FS_GEMM_FP8
+#define FS_GEMM_TILE_K 128
+#else
+#define FS_GEMM_TILE_K 64
+#endif
+#endif
+#ifndef FS_GEMM_FP8_FAST_ACCUM
+#define FS_GEMM_FP8_FAST_ACCUM 0
+#endif
 constexpr int kTileM = FS_GEMM_TILE_M;
 constexpr int kTileN = FS_GEMM_TILE_N;
+constexpr int kTileK = FS_GEMM_TILE_K;
 constexpr bool kPingpong = FS_GEMM_PINGPONG != 0;
-using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
+constexpr bool kFp8FastAccum = FS_GEMM_FP8_FAST_ACCUM != 0;
+using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
 using ClusterShape = cute::Shape<cute::Int<FS_GEMM_CLUSTER_M>, cute::Int<FS_GEMM_CLUSTER_N>, cute::_1>;
 
 // Kernel and epilogue schedules of the two kernel kinds; the scheduler splits K only in the cooperative kernel.
-template <bool Pingpong>
+// FastAccum picks CUTLASS's FP8FastAccum kernel schedule (fp8 operands only; the same kernel otherwise).
+template <bool Pingpong, bool FastAccum = false>
 struct ScheduleOf {
-  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Kernel = cute::conditional_t<FastAccum, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                                     cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using Scheduler = OrderedPersistentScheduler<true>;
 };
-template <>
-struct ScheduleOf<true> {
-  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+template <bool FastAccum>
+struct ScheduleOf<true, FastAccum> {
+  using Kernel = cute::conditional_t<FastAccum, cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                                     cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
   using Scheduler = OrderedPersistentScheduler<false>;
 };
 
-// Element: cutlass::bfloat16_t or cutlass::half_t. BIsNK: B given as [N, K] row-major (K contiguous) rather than
-// [K, N] row-major. A is [M, K] row-major, D [M, N] row-major, fp32 accumulation, D = acc + bias[n] (bias optional).
-// MainloopExt / EpilogueExt wrap CUTLASS's collectives (AgMainloop, RsEpilogue or Identity).
+// Scale kinds of the fp8 epilogue (FsAgGemmArgs::scale_kind): which scale is a vector; the other is one float.
+enum : int32_t { kScaleRowwiseA = FS_SCALE_ROWWISE_A, kScaleRowwiseB = FS_SCALE_ROWWISE_B };
+
+// The fp8 epilogue, a CUTLASS epilogue visitor tree: D = scale_b[n] * (scale_a[m] * acc) + bias[n], in fp32, then
+// rounded to ElementD. Each scale is a device pointer (CUDA graphs replay with new scale values) read as a vector
+// or, with its broadcast stride set to false at run time, as a scalar (CUTLASS's dynamic broadcast): one kernel
+// serves per-tensor, rowwise and mixed scales. Bias null reads as zeros. Alignment 1 on the scales: any fp32
+// pointer will do (they are read once per tile).
+namespace evt {
+using namespace cutlass::epilogue::fusion;
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+using StrideScaleA = cute::Stride<bool, cute::_0, int64_t>;  // [M] (true) or scalar (false)
+using StrideScaleB = cute::Stride<cute::_0, bool, int64_t>;  // [N] (true) or scalar (false)
+template <class Tile>
+using ScaleA = Sm90ColBroadcast<0, Tile, float, float, StrideScaleA, 1>;
+template <class Tile>
+using ScaleB = Sm90RowBroadcast<0, Tile, float, float, StrideScaleB, 1>;
+template <class Tile, class ElementBias>
+using Bias = Sm90RowBroadcast<0, Tile, ElementBias, float>;
+template <class Tile, class ElementD, class ElementBias>
+using ScaledAccBias =
+    Sm90EVT<Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>,  // scale_b * (.) + bias
+            ScaleB<Tile>,
+            Sm90EVT<Sm90Compute<cutlass::multiplies, float, float, kRound>, ScaleA<Tile>, Sm90AccFetch>,
+            Bias<Tile, ElementBias>>;
+}  // namespace evt
+
+// Operand types of a build. Element (cutlass::bfloat16_t, cutlass::half_t): A, B, D and bias alike, D = acc +
+// bias[n] (CUTLASS's LinCombPerColBias). ScaledFp8<AB, D>: e4m3 A and B, D and bias of type D, the scaled
+// epilogue above.
+template <class ElementAB, class ElementD>
+struct ScaledFp8 {};
+
+template <class Element>
+struct OperandsOf {
+  using A = Element;
+  using B = Element;
+  using D = Element;
+  static constexpr bool kScaled = false;
+  template <class Tile>
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBias<D, float, D, D, float>;
+};
+template <class AB, class D_>
+struct OperandsOf<ScaledFp8<AB, D_>> {
+  static_assert(cute::is_same_v<AB, cutlass::float_e4m3_t>, "fp8 builds take e4m3 operands");
+  using A = AB;
+  using B = AB;
+  using D = D_;
+  static constexpr bool kScaled = true;
+  template <class Tile>
+  using Fusion = evt::ScaledAccBias<Tile, D, D>;
+};
+
+// Element: cutlass::bfloat16_t, cutlass::half_t or ScaledFp8<cutlass::float_e4m3_t, D> (OperandsOf). BIsNK: B given
+// as [N, K] row-major (K contiguous) rather than [K, N] row-major; fp8 needs "nk" (sm90 fp8 wgmma reads K-major
+// operands only). A is [M, K] row-major, D [M, N] row-major, fp32 accumulation. MainloopExt / EpilogueExt wrap
+// CUTLASS's collectives (AgMainloop, RsEpilogue or Identity).
 template <class Element, bool BIsNK, template <class> class MainloopExt, template <class> class EpilogueExt,
           class Cluster = ClusterShape, class Tile = TileShape, bool Pingpong = kPingpong>
 struct GemmConfig {
-  using ElementA = Element;
-  using ElementB = Element;
-  using ElementD = Element;
+  using Operands = OperandsOf<Element>;
+  using ElementA = typename Operands::A;
+  using ElementB = typename Operands::B;
+  using ElementD = typename Operands::D;
   using ElementAcc = float;
+  static constexpr bool kScaled = Operands::kScaled;
+  static_assert(!kScaled || BIsNK, "fp8 GEMMs take B as [N, K] (K-major): sm90 fp8 wgmma has no MN-major operands");
   using LayoutA = cutlass::layout::RowMajor;
   // CUTLASS's B is K x N: [N, K] row-major is K x N column-major; [K, N] row-major is K x N row-major.
   using LayoutB = cute::conditional_t<BIsNK, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using LayoutD = cutlass::layout::RowMajor;
-  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;
-  using Schedule = ScheduleOf<Pingpong>;
+  static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElementA>::value;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using Schedule = ScheduleOf<Pingpong, kScaled && kFp8FastAccum>;
 
-  using FusionOp = cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, Element, Element, float>;
+  using FusionOp = typename Operands::template Fusion<Tile>;
 
   using EpilogueBase = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, kAlign, ElementD, LayoutD,
-      kAlign, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, void, LayoutD, kAlignD, ElementD, LayoutD,
+      kAlignD, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
   using CollectiveEpilogue = EpilogueExt<EpilogueBase>;
 
   using MainloopBase = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlign, ElementB, LayoutB, kAlign,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlignAB, ElementB, LayoutB, kAlignAB,
       ElementAcc, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
@@ -706,8 +790,9 @@ struct GemmConfig {
   using Scheduler = typename Kernel::TileScheduler;
 };
 
-static_assert(cute::size<0>(TileShape{}) == kTileM && cute::size<1>(TileShape{}) == kTileN,
-              "fs_gemm_tile_m/n report kTileM/kTileN");
+static_assert(cute::size<0>(TileShape{}) == kTileM && cute::size<1>(TileShape{}) == kTileN &&
+                  cute::size<2>(TileShape{}) == kTileK,
+              "fs_gemm_tile_m/n/k report kTileM/kTileN/kTileK");
 
 }  // namespace gemm
 }  // namespace fs
@@ -793,9 +878,11 @@ inline fs::Ctx to_ctx(const FsCtx& c) {
   return ctx;
 }
 
-// Common checks of the problem; returns kOk or a code with last_error set.
+// Common checks of the problem; returns kOk or a code with last_error set. elem_bytes: of A and B; d_elem_bytes:
+// of D and bias (0: the same).
 inline int check_problem(const char* kname, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
-                         const void* d, const void* bias, int32_t sm_count, int32_t swizzle, size_t elem_bytes) {
+                         const void* d, const void* bias, int32_t sm_count, int32_t swizzle, size_t elem_bytes,
+                         size_t d_elem_bytes = 0) {
   char buf[512];
   if (swizzle != 0 && swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) {
     std::snprintf(buf, sizeof buf, "%s: swizzle must be 1, 2, 4 or 8 (0 means 1), got %d", kname, swizzle);
@@ -821,11 +908,49 @@ inline int check_problem(const char* kname, int64_t m, int64_t n, int64_t k, con
     return fail(kErrAlign, buf);
   }
   const int64_t align_elems = 16 / static_cast<int64_t>(elem_bytes);
-  if (n % align_elems != 0 || k % align_elems != 0) {
+  const int64_t align_n = d_elem_bytes == 0 ? align_elems : 16 / static_cast<int64_t>(d_elem_bytes);
+  if (align_n == align_elems && (n % align_elems != 0 || k % align_elems != 0)) {
     std::snprintf(buf, sizeof buf,
                   "%s: n=%lld and k=%lld must be multiples of %lld (16-byte rows for TMA)", kname, (long long)n,
                   (long long)k, (long long)align_elems);
     return fail(kErrAlign, buf);
+  }
+  if (k % align_elems != 0 || n % align_n != 0) {  // fp8 ("nk" B): A and B rows hold K, D rows N
+    std::snprintf(buf, sizeof buf,
+                  "%s: k=%lld must be a multiple of %lld and n=%lld of %lld (16-byte rows for TMA)", kname,
+                  (long long)k, (long long)align_elems, (long long)n, (long long)align_n);
+    return fail(kErrAlign, buf);
+  }
+  return kOk;
+}
+
+// The fp8 epilogue's scales (FsAgGemmArgs / FsGemmRsArgs scale_a, scale_b, scale_kind).
+struct ScaleArgs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  int32_t kind = 0;
+};
+
+// The scaled (fp8) kernels need both scales; the 16-bit ones take none. kOk or a code with last_error set.
+template <class Cfg>
+int check_scales(const char* kname, ScaleArgs const& s) {
+  char buf[512];
+  if constexpr (Cfg::kScaled) {
+    if (s.a == nullptr || s.b == nullptr) {
+      std::snprintf(buf, sizeof buf,
+                    "%s: fp8 kernels need scale_a and scale_b (fp32 device pointers; got %p, %p): pass a scale of "
+                    "1.0 for an unscaled operand",
+                    kname, s.a, s.b);
+      return fail(kErrArgs, buf);
+    }
+    if ((s.kind & ~(kScaleRowwiseA | kScaleRowwiseB)) != 0) {
+      std::snprintf(buf, sizeof buf, "%s: scale_kind=%d: use 0 or FS_SCALE_ROWWISE_A | FS_SCALE_ROWWISE_B", kname,
+                    s.kind);
+      return fail(kErrArgs, buf);
+    }
+  } else if (s.a != nullptr || s.b != nullptr || s.kind != 0) {
+    return fail(kErrArgs, std::string(kname) + ": scale_a, scale_b and scale_kind are for the e4m3 kernels of the "
+                                              "fp8 build; leave them 0 for 16-bit operands");
   }
   return kOk;
 }
@@ -922,10 +1047,28 @@ int finish_params(const char* kname, typename Kernel::Arguments const& args, voi
 // check_problem): the scheduler walks groups of swizzle clusters of M-tiles across N; `splits` (0 means 1; checked
 // by finish_params): > 1 runs the last two waves as stream-K, in at most about `splits` pieces per tile
 // (fs::plan_tail). The policy for both is the caller's (flux_shmem/kernels/config.py).
+// The epilogue's fusion arguments: D = acc + bias[n] (16-bit), or the fp8 visitor tree (evt::ScaledAccBias), whose
+// arguments nest as the tree does, children first: {scale_b, {scale_a, acc, multiply}, bias, multiply_add}.
+template <class Cfg, class FusionArgs>
+void fill_fusion(FusionArgs& t, const void* bias, ScaleArgs const& s) {
+  using ElementD = typename Cfg::ElementD;
+  if constexpr (Cfg::kScaled) {
+    const bool row_a = (s.kind & kScaleRowwiseA) != 0, row_b = (s.kind & kScaleRowwiseB) != 0;
+    t = FusionArgs{{static_cast<const float*>(s.b), 0.0f, {cute::_0{}, row_b, int64_t(0)}},
+                   {{static_cast<const float*>(s.a), 0.0f, {row_a, cute::_0{}, int64_t(0)}}, {}, {}},
+                   {static_cast<const ElementD*>(bias), ElementD(0), {}},
+                   {}};
+  } else {
+    t.alpha = 1.0f;
+    t.beta = 0.0f;
+    t.bias_ptr = static_cast<const ElementD*>(bias);
+  }
+}
+
 template <class Cfg, class Args>
 void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                    const void* bias, int32_t sm_count, int32_t device_id, const int32_t* m_tile_order,
-                   int32_t swizzle, int32_t splits) {
+                   int32_t swizzle, int32_t splits, ScaleArgs const& scales = ScaleArgs{}) {
   using Kernel = typename Cfg::Kernel;
   using ElementA = typename Cfg::ElementA;
   using ElementB = typename Cfg::ElementB;
@@ -937,9 +1080,7 @@ void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, c
   args.mainloop.dA = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(M, K, 1));
   args.mainloop.ptr_B = static_cast<const ElementB*>(b);
   args.mainloop.dB = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(N, K, 1));
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.epilogue.thread.bias_ptr = static_cast<const ElementD*>(bias);
+  fill_fusion<Cfg>(args.epilogue.thread, bias, scales);
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, cute::make_shape(M, N, 1));
   args.epilogue.ptr_D = static_cast<ElementD*>(d);
@@ -1021,6 +1162,10 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsAgGemmArgs, pad1_)
   FS_ABI_FIELD(FsAgGemmArgs, workspace)
   FS_ABI_FIELD(FsAgGemmArgs, workspace_bytes)
+  FS_ABI_FIELD(FsAgGemmArgs, scale_a)
+  FS_ABI_FIELD(FsAgGemmArgs, scale_b)
+  FS_ABI_FIELD(FsAgGemmArgs, scale_kind)
+  FS_ABI_FIELD(FsAgGemmArgs, pad2_)
   FS_ABI_FIELD(FsGemmRsArgs, m)
   FS_ABI_FIELD(FsGemmRsArgs, n)
   FS_ABI_FIELD(FsGemmRsArgs, k)
@@ -1040,6 +1185,10 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsGemmRsArgs, pad1_)
   FS_ABI_FIELD(FsGemmRsArgs, workspace)
   FS_ABI_FIELD(FsGemmRsArgs, workspace_bytes)
+  FS_ABI_FIELD(FsGemmRsArgs, scale_a)
+  FS_ABI_FIELD(FsGemmRsArgs, scale_b)
+  FS_ABI_FIELD(FsGemmRsArgs, scale_kind)
+  FS_ABI_FIELD(FsGemmRsArgs, pad2_)
   return -1;
 }
 #undef FS_ABI_FIELD
@@ -1050,5 +1199,8 @@ extern "C" int32_t fs_gemm_tile_n() { return fs::gemm::kTileN; }
 extern "C" int32_t fs_gemm_cluster_m() { return static_cast<int32_t>(cute::size<0>(fs::gemm::ClusterShape{})); }
 extern "C" int32_t fs_gemm_cluster_n() { return static_cast<int32_t>(cute::size<1>(fs::gemm::ClusterShape{})); }
 extern "C" int32_t fs_gemm_pingpong() { return fs::gemm::kPingpong ? 1 : 0; }
+extern "C" int32_t fs_gemm_tile_k() { return fs::gemm::kTileK; }
+extern "C" int32_t fs_gemm_fp8() { return FS_GEMM_FP8 ? 1 : 0; }
+extern "C" int32_t fs_gemm_fp8_fast_accum() { return FS_GEMM_FP8 && fs::gemm::kFp8FastAccum ? 1 : 0; }
 
 #endif  // FS_HOST_PASS
