@@ -307,3 +307,9 @@ def test_fp8_benchmark_cli():
         gemm_fp8.parse_args(["--scales", "blockwise"])
     if not torch.cuda.is_available():
         assert gemm_fp8.main(["--shapes", "128x128x128"]) == 3
+
+
+def test_tuner_declines_e4m3():
+    from flux_shmem.kernels import tune
+    with pytest.raises(FluxShmemError, match="tuner measures bf16/fp16 GEMMs only"):
+        tune.tune_shape(1024, 1024, 1024, "e4m3", "nk", 132, write=False)
