@@ -25,6 +25,9 @@
 #   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2 (MPS)
 #   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
 #   gemmgpu         the GEMM kernel tests of every configuration (tests/test_gemm_kernels_gpu.py)
+#   fp8gpu          the fp8 GEMM tests (tests/test_fp8_gpu.py)
+#   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
+#                   FP8_FAMILY default both) vs torch._scaled_mm, records in $OUT/gemm_fp8.jsonl
 # Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
 # whatever happened.
 set -uo pipefail
@@ -36,6 +39,10 @@ S=benchmarks/gpu_session.sh
 # shapes for W PEs (AG splits N, RS splits K), and M = 4096 variants.
 ag_shapes() { local w=$1; echo "8192x$((3584 * w))x8192,4096x$((3584 * w))x8192,8192x$((1280 * w))x8192"; }
 rs_shapes() { local w=$1; echo "8192x8192x$((3584 * w)),4096x8192x$((3584 * w)),8192x8192x$((1024 * w))"; }
+site() {  # the carried wheels on the path, the carried kernel cache in use (one-process steps without gpu_session.sh)
+  echo "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q \
+--no-index --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD;"
+}
 emu() {  # emu NP [extra run.py args]; EMU_OPS="gemm_rs" (say) runs one op only, EMU_TAG names its logs
   local np_=$1; shift
   local tag=${EMU_TAG:-}$*
@@ -69,6 +76,10 @@ for spec in "$@"; do
     gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \
       python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
+    fp8gpu) timeout "$T" bash -c "$(site) python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py" 2>&1 | tail -25 ;;
+    fp8shapes) timeout "$T" bash -c "$(site) python3 benchmarks/gemm_fp8.py --suite ${FP8_SUITE:-tp-shard-quick} \
+      --part ${FP8_PART:-1/1} --scales ${FP8_SCALES:-tensor} --family ${FP8_FAMILY:-both} --rounds 3 \
+      --budget-s $((T - 20)) --jsonl $OUT/gemm_fp8.jsonl" 2>&1 | tail -${FP8_TAIL:-12} ;;
     emu2) emu 2 ;;
     emu4) emu 4 ;;
     evict2) FLUX_SHMEM_RS_EVICT_FIRST=1 EMU_OPS=gemm_rs EMU_TAG=_evict emu 2 ;;

@@ -403,17 +403,14 @@ def gemm_rs_reduce_units(rt):
         (72, 4, 1, 0, bf, True), (512, 4, 1, 0, fp, False),
     ]
     ops = {dt: flux_shmem.GEMMReduceScatter(512 * W, n, k, dt, mode="fused") for dt in (bf, fp)}
-    forced = {}
-    for op in ops.values():
-        def split(m, config, plan=op.split):
-            sp, r = plan(m, config)
-            sw, gt, tail = forced["now"]
-            return dataclasses.replace(sp, swizzle=sw, group_tiles=gt, tail=tail, tail_blocks=8 if tail else 0), r
-        op.split = split
     for i, (ms, sw, gt, tail, dtype, with_bias) in enumerate(cases):
         op = ops[dtype]
-        forced["now"] = (sw, gt, tail)
-        op._plans.clear()  # plan again with this case's forced shape
+        layout = "nk" if i % 2 else "kn"
+        op._plans.clear()  # plan again, then force this case's shape onto the plan (same on every PE)
+        plan = op.call_plan(ms * W, layout)
+        if W > 1:
+            op._plans[(ms * W, layout)] = dataclasses.replace(plan, swizzle=sw, group_tiles=gt, tail=tail,
+                                                             tail_blocks=8 if tail else 0)
         a_all = gathered_inputs(rt, (ms * W, k), dtype, 900 + i)
         bs = [weight(k, n, "nk" if i % 2 else "kn", dtype, 950 + 10 * i + pe) for pe in range(W)]
         bias = torch.randn(n, device="cuda").to(dtype) if with_bias else None
@@ -423,7 +420,7 @@ def gemm_rs_reduce_units(rt):
             poison(t)
         torch.cuda.synchronize()
         flux_shmem.barrier()
-        plan = op.call_plan(ms * W, "nk" if i % 2 else "kn")
+        plan = op.call_plan(ms * W, layout)
         if W > 1:  # (one PE runs the plain GEMM: there is nothing to reduce, and no split to force)
             assert (plan.swizzle, plan.group_tiles, plan.tail) == (sw, gt, tail), plan.describe()
         out = op(a_all[rt.rank], bs[rt.rank], bias)
