@@ -35,8 +35,8 @@ __all__ = [
 ]
 
 # Implementations measured per fused problem, in table order.
-FUSED_IMPLS = ("ours", "decomposed", "chunked", "symm_mem", "serial", "ours_gemm", "ours_gemm_split", "ours_comm",
-               "cublas", "nccl")
+FUSED_IMPLS = ("ours", "decomposed", "chunked", "symm_mem", "serial", "ours_gemm", "ours_gemm_split",
+               "ours_fused_gemm_alone", "ours_comm", "cublas", "nccl")
 # Implementations measured per standalone collective.
 COMM_IMPLS = ("ours", "nccl")
 # Fused implementations compared against the serial baseline.
@@ -48,6 +48,7 @@ IMPL_LABELS = {
     "ours": "ours (fused)",
     "decomposed": "ours decomposed",
     "ours_gemm_split": "ours gemm_only, fused SMs",
+    "ours_fused_gemm_alone": "ours fused GEMM, no reduce beside",
     "chunked": "NCCL+cuBLAS 2-stream",
     "symm_mem": "torch symm_mem",
     "serial": "NCCL+cuBLAS serial",

@@ -415,6 +415,12 @@ class Suite:
             "ours_gemm_split", lambda: self._gemm_split("GEMMReduceScatter", n, kloc, m,
                                                         lambda op, s, a, b: op.gemm_only(a, b, sm_count=s)),
             sets, chk_partial, tol)
+        if self.mode == "fused" and W > 1:
+            res["ours_fused_gemm_alone"] = self.measure(
+                "ours_fused_gemm_alone",
+                lambda: (lambda op: (lambda a, b: op.fused_gemm_alone(a, b)))(
+                    self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
+                sets, chk_partial, tol)
 
         def make_chunked():
             c = baselines.ChunkedGemmRS(m, n, self.dtype, self.device, r, W)

@@ -136,6 +136,23 @@ class GEMMReduceScatter(FusedGEMM):
                 trace.word(label, t)
         return out
 
+    def fused_gemm_alone(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Diagnostic: the GEMM of a fused call exactly as planned (CTAs, tile order, swizzle, tile marks) with no
+        reduce kernel beside it; returns this PE's partial [m, n] (the op's buffer: read it before the next call).
+        Timed against the fused call's GEMM stage it separates the reduce kernel's interference from the GEMM's
+        own plan. Collective like a call (a barrier first: no peer still reads the partial)."""
+        layout = self.check_operands(a, b, None, "GEMMReduceScatter.fused_gemm_alone")
+        m = a.shape[0]
+        plan = self.call_plan(m, layout)
+        if plan.path != "fused":
+            raise ValueError(f"M = {m} runs the {plan.path} path: there is no fused GEMM to time alone")
+        main = torch.cuda.current_stream()
+        self.engine.sync.barrier(main)
+        self._gemm(layout, a, b, self.engine.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
+                   order=plan.order, swizzle=plan.swizzle, choice=plan.gemm)
+        self.engine.sync.bump(main)  # the marks this GEMM set belong to a finished epoch
+        return self.engine.partial[:m]
+
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
                   sm_count: Optional[int] = None) -> torch.Tensor:
         """The same GEMM, no communication, into a fresh [m, n] tensor, on the whole SM budget (or `sm_count`
