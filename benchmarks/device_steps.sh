@@ -43,15 +43,16 @@ site() {  # the carried wheels on the path, the carried kernel cache in use (one
   echo "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q \
 --no-index --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD;"
 }
-emu() {  # emu NP [extra run.py args]; EMU_OPS="gemm_rs" (say) runs one op only, EMU_TAG names its logs
+emu() {  # emu NP [extra run.py args]; EMU_OPS="gemm_rs" (say) runs one op only, EMU_TAG names its logs,
+  # EMU_AG_SHAPES / EMU_RS_SHAPES replace the op's shapes
   local np_=$1; shift
   local tag=${EMU_TAG:-}$*
   if [[ " ${EMU_OPS:-ag_gemm gemm_rs} " == *" ag_gemm "* ]]; then
-    timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops ag_gemm --shapes "$(ag_shapes "$np_")" \
+    timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops ag_gemm --shapes "${EMU_AG_SHAPES:-$(ag_shapes "$np_")}" \
       --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_ag${tag}.jsonl" "$@" | tail -25
   fi
   if [[ " ${EMU_OPS:-ag_gemm gemm_rs} " == *" gemm_rs "* ]]; then
-    timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops gemm_rs --shapes "$(rs_shapes "$np_")" \
+    timeout "$T" bash $S mps run "$np_" --emulate-link nvlink --mode fused --ops gemm_rs --shapes "${EMU_RS_SHAPES:-$(rs_shapes "$np_")}" \
       --iters 30 --warmup 5 --no-progress --jsonl "$OUT/emu${np_}_rs${tag}.jsonl" "$@" | tail -25
   fi
 }

@@ -143,6 +143,10 @@ def test_rs_shapes_and_last_wave():
     assert S.rs_shapes(64, 32, 2, 64) == [(1, 32), (2, 32), (4, 16), (8, 8)]
     assert S.rs_shapes(64, 32, 2, 30) == [(1, 32), (2, 15), (4, 7), (8, 3)]  # (one row at a time: whole rows)
     assert S.rs_shapes(4, 32, 2, 62) == [(1, 32), (2, 31)]  # no swizzle wider than the 2 cluster rows
+    # A given swizzle (FLUX_SHMEM_GEMM_CONFIG): whole rows or one wave's width, with that swizzle only
+    assert S.rs_shapes(64, 32, 2, 30, swizzle=8) == [(8, 32), (8, 3)]
+    assert S.rs_shapes(64, 32, 2, 30, swizzle=1) == [(1, 32), (1, 30)]
+    assert S.rs_shapes(4, 32, 2, 30, group_tiles=5, swizzle=8) == [(2, 5)]  # clamped to the cluster rows
     assert S.rs_last_wave(64, 32, 2, 1, 32, 64) == 4
     assert S.rs_last_wave(64, 32, 2, 4, 16, 64) == 8
     assert S.rs_last_wave(3, 5, 2, 1, 5, 100) == 3  # everything is in the one wave

@@ -136,7 +136,8 @@ def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[simulate.Split, si
     return simulate.plan_gemm_rs(
         world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
         budget_sms=inp.budget_sms, unit_rows=inp.unit_rows, links=inp.links, comm_blocks=inp.comm_blocks,
-        decomposed_comm_blocks=inp.decomposed_comm_blocks, group_tiles=inp.group_tiles)
+        decomposed_comm_blocks=inp.decomposed_comm_blocks, group_tiles=inp.group_tiles,
+        swizzle=dict(inp.forced).get("swizzle"))  # FLUX_SHMEM_GEMM_CONFIG's swizzle binds the fused GEMM too
 
 
 def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:

@@ -601,13 +601,17 @@ def ag_order(r: Result, pe: int, m: int, tile_m: int, world: int, chunk_rows: in
 
 
 def rs_shapes(tiles_m: int, tiles_n: int, cluster_m: int, clusters: int,
-              group_tiles: Optional[int] = None) -> list[tuple[int, int]]:
+              group_tiles: Optional[int] = None, swizzle: Optional[int] = None) -> list[tuple[int, int]]:
     """(swizzle, group_tiles) pairs GEMMReduceScatter tries: swizzle groups of S cluster rows, reduce units
     `clusters // S` N-tiles wide, so that each wave of the GEMM completes one column group of S cluster rows. S = 1
     gives whole rows (M-tiles complete one after another along N); a wider S spreads what one wave completes over
     S * cluster_m M-tiles (consecutive in the tile order: segments of as many owners), so that the reductions of
     the last wave, the part no overlap hides, are shared by that many PEs."""
     rows = -(-tiles_m // cluster_m)
+    if swizzle is not None:  # the swizzle is given (FLUX_SHMEM_GEMM_CONFIG): whole rows or one wave's width
+        S = max(1, min(swizzle, rows))
+        widths = [group_tiles] if group_tiles is not None else [tiles_n, clusters // S]
+        return list(dict.fromkeys((S, max(1, min(tiles_n, w))) for w in widths))
     if group_tiles is not None:  # the width is given: only the swizzle is chosen (whole rows: swizzle 1)
         gt = min(tiles_n, group_tiles)
         return [(1, tiles_n)] if gt == tiles_n else [(S, gt) for S in (1, 2, 4, 8) if S <= rows]
@@ -623,8 +627,8 @@ def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group
 
 def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: Gemm,
                  budget_sms: int, unit_rows: int, links: Links = Links(), comm_blocks: Optional[int] = None,
-                 decomposed_comm_blocks: Optional[int] = None,
-                 group_tiles: Optional[int] = None) -> tuple[Split, Result]:
+                 decomposed_comm_blocks: Optional[int] = None, group_tiles: Optional[int] = None,
+                 swizzle: Optional[int] = None) -> tuple[Split, Result]:
     """GEMMReduceScatter's split for M = m: comm blocks, the GEMM's swizzle and the reduce units' width
     (`rs_shapes`; `group_tiles` given: that width), and a tail: none, the pieces of the GEMM's last wave, or those and a cluster row's more (the
     reductions the comm kernel's few blocks would otherwise do after the GEMM, run wide once it ends)."""
@@ -666,7 +670,7 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     shapes, tails = [], {}
     for e, cb in cands:
         clusters = max(1, gemm_sms_for(budget_sms, gemm.cluster_m, cb) // gemm.cluster_m)
-        for sw, gt in rs_shapes(tiles_m, tiles_n, gemm.cluster_m, clusters, group_tiles):
+        for sw, gt in rs_shapes(tiles_m, tiles_n, gemm.cluster_m, clusters, group_tiles, swizzle):
             shapes.append((e, cb, sw, gt, 0))
             wave = rs_last_wave(tiles_m, tiles_n, gemm.cluster_m, sw, gt, clusters)
             row = gemm.cluster_m * -(-tiles_n // gt)  # the pieces of one more cluster row
