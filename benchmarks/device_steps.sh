@@ -26,6 +26,7 @@
 #   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
 #   gemmgpu         the GEMM kernel tests of every configuration (tests/test_gemm_kernels_gpu.py)
 #   fp8gpu          the fp8 GEMM tests (tests/test_fp8_gpu.py)
+#   fp8ops1 / fp8ops2 / fp8put2  the fp8 fused-op checks (group fp8) with 1 PE, 2 PEs under MPS, 2 PEs forced puts
 #   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
 #                   FP8_FAMILY default both) vs torch._scaled_mm, records in $OUT/gemm_fp8.jsonl
 # Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
@@ -77,6 +78,9 @@ for spec in "$@"; do
     gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \
       python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
+    fp8ops1) timeout "$T" bash $S checks 1 fp8 | grep -E "CHECK|Error|error|assert" ;;
+    fp8ops2) timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
+    fp8put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8gpu) timeout "$T" bash -c "$(site) python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py" 2>&1 | tail -25 ;;
     fp8shapes) timeout "$T" bash -c "$(site) python3 benchmarks/gemm_fp8.py --suite ${FP8_SUITE:-tp-shard-quick} \
       --part ${FP8_PART:-1/1} --scales ${FP8_SCALES:-tensor} --family ${FP8_FAMILY:-both} --rounds 3 \

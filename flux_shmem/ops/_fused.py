@@ -16,7 +16,7 @@ from ..runtime import pacing, partition, symmetric
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
 from . import simulate
-from ._validate import check_dtype, check_tensor, not_capturing, positive
+from ._validate import SUPPORTED_DTYPES, check_dtype, check_tensor, not_capturing, positive
 
 MODES = ("auto", "fused", "decomposed")
 # One Hopper SM's dense bf16/fp16 rate as our GEMM reaches it (about 690 TFLOP/s on 132 H200 SMs): only the ratio
@@ -82,8 +82,8 @@ class PlanInputs:
     node_size: int
     n: int
     k: int
-    dtype: str                      # 'bf16' / 'fp16'
-    elem_bytes: int
+    dtype: str                      # operands: 'bf16' / 'fp16' / 'e4m3'
+    elem_bytes: int                 # bytes per element of what travels (GEMM+RS: the partials, 16-bit)
     mode: str
     budget_sms: int                 # this context's SM budget (MPS share, green context)
     sms: int                        # persistent grid of the unfused GEMM (the budget in whole clusters)
@@ -118,16 +118,17 @@ def _choice(inp: PlanInputs, m: int, layout: str, sm_count: int, fused: bool) ->
     return c
 
 
-def gemm_model(k: int, config: str = registry.DEFAULT) -> simulate.Gemm:
+def gemm_model(k: int, config: str = registry.DEFAULT, dtype: str = "bf16") -> simulate.Gemm:
     cfg = registry.get(config)
-    return simulate.Gemm.from_rate(k, TFLOPS_PER_SM, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US)
+    rate = TFLOPS_PER_SM * (kconfig.FP8_SPEEDUP if dtype == "e4m3" else 1.0)  # (nominal, until measured)
+    return simulate.Gemm.from_rate(k, rate, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US)
 
 
 @functools.lru_cache(maxsize=64)
 def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[simulate.Split, simulate.Result]:
     """The simulator's choice of engine and SM split for a fused call with M = m, from nothing but the agreed
     inputs (AllGatherGEMM: on PE 0's view of the arrivals and its GEMM; GEMMReduceScatter: every PE's)."""
-    g = gemm_model(inp.k, config)
+    g = gemm_model(inp.k, config, inp.dtype)
     if inp.family == "ag_gemm":
         return simulate.plan_ag_gemm(
             world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
@@ -186,16 +187,22 @@ class FusedGEMM:
     (MPS share, green context) split between the GEMM and the communication kernel, and per-M call plans."""
 
     family = ""
+    DTYPES: tuple = SUPPORTED_DTYPES  # operand dtypes the op takes
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype, mode: str, comm_blocks: Optional[int]):
         name = type(self).__name__
-        check_dtype(name, dtype)  # before the runtime: an unsupported dtype is the caller's error on any machine
-        rt = self.rt = get_runtime()
+        check_dtype(name, dtype, self.DTYPES)  # before the runtime: the caller's error on any machine
+        # fp8 (e4m3) operands multiply into bf16 (the kernels' D, what GEMM+RS reduces and returns).
+        self.fp8 = dtype == torch.float8_e4m3fn
+        self.out_dtype = torch.bfloat16 if self.fp8 else dtype
+        self.layouts = ("nk",) if self.fp8 else kgemm.B_LAYOUTS  # sm90 fp8 wgmma reads K-major B only
         self.max_m, self.n, self.k = positive("max_m", max_m), positive("n", n), positive("k", k)
-        for what, v in (("K", k), ("N", n)):  # TMA needs 16-byte aligned rows
-            if v % 8:
-                raise ValueError(f"{name}: {what} = {v} is not a multiple of 8 (TMA needs 16-byte rows); pad "
-                                 f"{what} to a multiple of 8")
+        kalign = 16 if self.fp8 else 8
+        for what, v, align in (("K", k, kalign), ("N", n, 8)):  # TMA needs 16-byte aligned rows
+            if v % align:
+                raise ValueError(f"{name}: {what} = {v} is not a multiple of {align} (TMA needs 16-byte rows of "
+                                 f"{dtype}); pad {what} to a multiple of {align}")
+        rt = self.rt = get_runtime()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if max_m % rt.world_size:
@@ -216,7 +223,7 @@ class FusedGEMM:
         # loads lazily can wait for the running kernels (kernels/module.py load_into_context). Build or load
         # errors surface here too.
         for c in registry.names():
-            for layout in kgemm.B_LAYOUTS:
+            for layout in self.layouts:
                 kgemm.CutlassGemm.get(self.family, dtype, layout, c)
         self.budget = sm_budget(rt.device)
         self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
@@ -252,7 +259,7 @@ class FusedGEMM:
         """This op's planner inputs (`family`: the op's own fields of PlanInputs)."""
         return PlanInputs(family=self.family, world=self.rt.world_size, node_size=self.rt.node_size, n=self.n,
                           k=self.k, dtype=kconfig.dtype_name(self.dtype),
-                          elem_bytes=torch.empty((), dtype=self.dtype).element_size(), mode=self.mode,
+                          elem_bytes=torch.empty((), dtype=self.wire_dtype).element_size(), mode=self.mode,
                           budget_sms=self.budget.sms, sms=self.sms, cluster_m=self.cluster_m, links=self.links,
                           comm_blocks=self.comm_blocks, fused_configs=self.configs,
                           plain_configs=self.plain_configs(), tuned=self._tuned, forced=self._forced, **family)
@@ -264,6 +271,11 @@ class FusedGEMM:
         symmetric.agree(f"{type(self).__name__}'s planner inputs (SM budget, links, GEMM configurations; give every "
                         "PE the same MPS share or green-context size, FLUX_SHMEM_LINK_* and FLUX_SHMEM_FORCE_PUT)",
                         self.inputs)
+
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        """The dtype of what the op's communication moves (the planner's bytes)."""
+        return self.dtype
 
     def kernel(self, layout: str, config: str) -> kgemm.CutlassGemm:
         return kgemm.CutlassGemm.get(self.family, self.dtype, layout, config)
@@ -297,8 +309,8 @@ class FusedGEMM:
         and a CUDA graph captured afterwards finds its plans made (a capture cannot plan). Nothing collective:
         plans depend only on the inputs every PE agreed on."""
         for layout in layouts:
-            if layout not in kgemm.B_LAYOUTS:
-                raise ValueError(f"layout must be one of {kgemm.B_LAYOUTS}, got {layout!r}")
+            if layout not in self.layouts:
+                raise ValueError(f"layout must be one of {self.layouts}, got {layout!r}")
             for m in ms:
                 m = positive("m", int(m))
                 if m > self.max_m or m % self.rt.world_size:
@@ -326,7 +338,24 @@ class FusedGEMM:
         if b.data_ptr() % 16:
             raise ValueError("b must start on a 16-byte boundary: pass a fresh tensor or b.clone()")
         if bias is not None:
-            check_tensor("bias", bias, dtype=self.dtype, device=rt.device, ndim=1)
+            check_tensor("bias", bias, dtype=self.out_dtype, device=rt.device, ndim=1)
             if bias.shape[0] != n:
                 raise ValueError(f"bias has {bias.shape[0]} entries, expected N = {n}")
-        return b_layout_of(b)
+        layout = b_layout_of(b)
+        if layout not in self.layouts:
+            raise ValueError(f"{what}: {kconfig.FP8_LAYOUT_ERROR}")
+        return layout
+
+    def check_scales(self, a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, what: str) -> tuple[int, int, int]:
+        """(scale_a address, scale_b address, scale kind) for the kernels: fp8 ops need both fp32 scales
+        (torch._scaled_mm's layouts: per-tensor, or one per row of a / column of b), 16-bit ops none."""
+        if not self.fp8:
+            if scale_a is not None or scale_b is not None:
+                raise ValueError(f"{what}: scale_a/scale_b are for float8_e4m3fn operands; this op was built for "
+                                 f"{self.dtype}: drop them, or build the op with dtype=torch.float8_e4m3fn")
+            return 0, 0, 0
+        try:
+            sa, sb, kind = kgemm.fp8_scales(a, b, scale_a, scale_b)
+        except Exception as e:  # FluxShmemError names the fix; say which op
+            raise ValueError(f"{what}: {e}") from None
+        return sa.data_ptr(), sb.data_ptr(), kind

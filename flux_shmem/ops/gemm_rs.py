@@ -36,9 +36,14 @@ class GEMMReduceScatter(FusedGEMM):
     (fused when the simulator predicts it faster; the choice shows in repr). comm_blocks: SMs of the reduce
     kernel; group_tiles: the fused reduce units' width in N-tiles (a large value: whole rows); by default both are
     the split the simulator predicts fastest.
+
+    fp8: dtype=torch.float8_e4m3fn takes e4m3 a and b (b the transpose of an [n, k] weight) with fp32 scales at
+    each call (`scale_a`: [] or one per row of a; `scale_b`: [] or one per column of b, as torch._scaled_mm); each
+    PE's partial scale_a * scale_b * (a @ b) is bf16, the reduction sums in fp32 and the output (and bias) is bf16.
     """
 
     family = "gemm_rs"
+    DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
     COMM_CANDIDATES = (4, 8, 16, 24)
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
@@ -47,7 +52,7 @@ class GEMMReduceScatter(FusedGEMM):
         super().__init__(max_m, n, k, dtype, mode, comm_blocks)
         self.group_tiles = positive("group_tiles", group_tiles) if group_tiles is not None else None
         rt = self.rt
-        elem = torch.empty((), dtype=dtype).element_size()
+        elem = torch.empty((), dtype=self.out_dtype).element_size()
         unit_rows = positive("unit_rows", unit_rows) if unit_rows is not None else \
             default_unit_rows(n, elem, self.tile_m)
         symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles)",
@@ -55,10 +60,10 @@ class GEMMReduceScatter(FusedGEMM):
         # One configuration for the op's life: the reduce engine waits until each peer's counter of an M-tile
         # reaches epoch x N-tiles, so the tile width may change neither between calls nor between PEs (whose
         # choices agree: PlanInputs).
-        self.configs = (self.gemm_choice(max_m, "nk", self.sms, fused=True).config,)
+        self.configs = (self.gemm_choice(max_m, "nk", self.sms, fused=True).config,)  # (nk: every dtype has it)
         # Fires once every GEMM CTA runs; the reduce kernel follows it, so its blocks stay off the GEMM's SMs.
         self.gemm_started = kmodule.StartEvent() if self.guarded else None
-        self.engine = ReduceEngine(rt, max_m, n, dtype, unit_rows=unit_rows, tile_m=self.tile_m,
+        self.engine = ReduceEngine(rt, max_m, n, self.out_dtype, unit_rows=unit_rows, tile_m=self.tile_m,
                                    comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS),
                                    tile_n=registry.get(self.configs[0]).tile_n, cluster_m=self.cluster_m)
         self.agree_inputs(unit_rows=unit_rows, group_tiles=self.group_tiles,
@@ -70,32 +75,39 @@ class GEMMReduceScatter(FusedGEMM):
                 f"config={self.configs[0]}, unit_rows={self.engine.unit_rows}, sm_budget={self.budget.sms} "
                 f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
 
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        return self.out_dtype  # the partials (bf16 for fp8 operands)
+
     def plain_configs(self) -> tuple[str, ...]:
         # Both paths count finished tiles per M-tile of the op's tile height (the reduce engine waits on them).
         return self.configs
 
     def _gemm(self, layout: str, a: torch.Tensor, b: torch.Tensor, d_ptr: int, bias, m: int, *, counters: bool,
-              sm_count: int, order: torch.Tensor | None, swizzle: int, choice, started=None) -> None:
+              sm_count: int, order: torch.Tensor | None, swizzle: int, choice, started=None,
+              scales: tuple[int, int, int] = (0, 0, 0)) -> None:
         rt, eng = self.rt, self.engine
         args = kgemm.FsGemmRsArgs(
             m=m, n=self.n, k=self.k, a=a.data_ptr(), b=b.data_ptr(), d=d_ptr,
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
             tile_ready=eng.tile_ready.data_ptr() if counters else 0, epoch=eng.sync.epoch.data_ptr(),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
-            splits=choice.split)
+            splits=choice.split, scale_a=scales[0], scale_b=scales[1], scale_kind=scales[2])
         self.kernel(layout, choice.config).launch(args, started=started)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
         signals.check_errors()
         rt, eng = self.rt, self.engine
         layout = self.check_operands(a, b, bias, "GEMMReduceScatter")
+        scales = self.check_scales(a, b, scale_a, scale_b, "GEMMReduceScatter")
         m = a.shape[0]
         if not 0 < m <= self.max_m or m % rt.world_size:
             raise ValueError(f"a has {m} rows; this op takes M a multiple of the world size {rt.world_size}, up "
                              f"to {self.max_m}")
         if rt.world_size == 1:  # nothing to reduce: the plain GEMM, bias included
-            return self.gemm_only(a, b, bias)
-        out = torch.empty((m // rt.world_size, self.n), dtype=self.dtype, device=a.device)
+            return self.gemm_only(a, b, bias, scale_a=scale_a, scale_b=scale_b)
+        out = torch.empty((m // rt.world_size, self.n), dtype=self.out_dtype, device=a.device)
         main = torch.cuda.current_stream()
         plan = self.call_plan(m, layout)
         trace = stall.begin("GEMMReduceScatter")
@@ -111,7 +123,8 @@ class GEMMReduceScatter(FusedGEMM):
             shape = dict(swizzle=plan.swizzle, group_tiles=plan.group_tiles or None, tail=plan.tail,
                          tail_blocks=plan.tail_blocks)
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
-                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.gemm_started)
+                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, started=self.gemm_started,
+                       scales=scales)
             if trace is not None:
                 trace.stage(f"fused GEMM ({plan.gemm_sms} CTAs) finished", main, "main")
             if self.gemm_started is not None:
@@ -126,7 +139,7 @@ class GEMMReduceScatter(FusedGEMM):
                 out.record_stream(self.comm_stream)
         else:
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
-                       order=None, swizzle=plan.swizzle, choice=plan.gemm)
+                       order=None, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
             eng.launch(m, out, src=None, bias=bias, stream=main)
         eng.sync.bump(main)
         if trace is not None:
@@ -136,12 +149,14 @@ class GEMMReduceScatter(FusedGEMM):
                 trace.word(label, t)
         return out
 
-    def fused_gemm_alone(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def fused_gemm_alone(self, a: torch.Tensor, b: torch.Tensor, *, scale_a: torch.Tensor | None = None,
+                         scale_b: torch.Tensor | None = None) -> torch.Tensor:
         """Diagnostic: the GEMM of a fused call exactly as planned (CTAs, tile order, swizzle, tile marks) with no
         reduce kernel beside it; returns this PE's partial [m, n] (the op's buffer: read it before the next call).
         Timed against the fused call's GEMM stage it separates the reduce kernel's interference from the GEMM's
         own plan. Collective like a call (a barrier first: no peer still reads the partial)."""
         layout = self.check_operands(a, b, None, "GEMMReduceScatter.fused_gemm_alone")
+        scales = self.check_scales(a, b, scale_a, scale_b, "GEMMReduceScatter.fused_gemm_alone")
         m = a.shape[0]
         plan = self.call_plan(m, layout)
         if plan.path != "fused":
@@ -149,24 +164,26 @@ class GEMMReduceScatter(FusedGEMM):
         main = torch.cuda.current_stream()
         self.engine.sync.barrier(main)
         self._gemm(layout, a, b, self.engine.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
-                   order=plan.order, swizzle=plan.swizzle, choice=plan.gemm)
+                   order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
         self.engine.sync.bump(main)  # the marks this GEMM set belong to a finished epoch
         return self.engine.partial[:m]
 
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  sm_count: Optional[int] = None) -> torch.Tensor:
+                  sm_count: Optional[int] = None, scale_a: torch.Tensor | None = None,
+                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
         """The same GEMM, no communication, into a fresh [m, n] tensor, on the whole SM budget (or `sm_count`
         CTAs): the honest baseline."""
         layout = self.check_operands(a, b, bias, "GEMMReduceScatter.gemm_only")
+        scales = self.check_scales(a, b, scale_a, scale_b, "GEMMReduceScatter.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
-        out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
+        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a.device)
         sms = sm_count or self.sms
         choice = self.gemm_choice(m, layout, sms)
         trace = stall.begin("GEMMReduceScatter.gemm_only")
         self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, sm_count=sms, order=None,
-                   swizzle=choice.swizzle, choice=choice)
+                   swizzle=choice.swizzle, choice=choice, scales=scales)
         if trace is not None:
             trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
         return out
