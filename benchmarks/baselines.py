@@ -35,7 +35,6 @@ __all__ = [
     "nccl_all_gather",
     "nccl_reduce_scatter",
     "serial_ag_gemm",
-    "serial_gemm_rs",
     "ChunkedAGGemm",
     "ChunkedGemmRS",
     "symm_mem_ag_gemm",
@@ -170,12 +169,6 @@ def nccl_reduce_scatter(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def serial_ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, gather_buf: torch.Tensor) -> torch.Tensor:
     dist.all_gather_into_tensor(gather_buf, a_shard)
     return torch.matmul(gather_buf, b)
-
-
-def serial_gemm_rs(a: torch.Tensor, b: torch.Tensor, out_buf: torch.Tensor) -> torch.Tensor:
-    c = torch.matmul(a, b)
-    dist.reduce_scatter_tensor(out_buf, c, op=dist.ReduceOp.SUM)
-    return out_buf
 
 
 # ----------------------------------------------------------------------------- (b) chunked, 2 streams

@@ -18,6 +18,7 @@
 #   pdl             the tp-shard-quick suite (heuristic only) without, then with FLUX_SHMEM_GEMM_PDL=1 (half the step each)
 #   emu2 / emu4     emulated-NVLink overlap benchmark of both fused ops with 2 / 4 PEs (TP8-like shard shapes)
 #   emuput2         the same with 2 PEs and forced puts
+#   fp8emu2 / fp8emu4  GEMM+RS of emu2 / emu4 with e4m3 operands (run.py --dtype fp8; baseline torch._scaled_mm + NCCL)
 #   evict2 / evict4 GEMM+RS of emu2 / emu4 with the reduce kernel's L2 evict-first policy (FLUX_SHMEM_RS_EVICT_FIRST=1)
 #   sleep2 / sleep4 the same with the reduce kernel's tile waits sleeping between polls (FLUX_SHMEM_RS_POLL_SLEEP=1)
 #   nn1 / nn2       the flux_shmem.nn checks (layers, Llama block, torch.compile, CUDA-graph step) with 1 / 2 PEs
@@ -92,6 +93,8 @@ for spec in "$@"; do
     sleep2) FLUX_SHMEM_RS_POLL_SLEEP=1 EMU_OPS=gemm_rs EMU_TAG=_sleep emu 2 ;;
     sleep4) FLUX_SHMEM_RS_POLL_SLEEP=1 EMU_OPS=gemm_rs EMU_TAG=_sleep emu 4 ;;
     emuput2) emu 2 --force-put ;;
+    fp8emu2) EMU_OPS=gemm_rs emu 2 --dtype fp8 ;;
+    fp8emu4) EMU_OPS=gemm_rs emu 4 --dtype fp8 ;;
     nn1) timeout "$T" bash $S checks 1 nn | grep -E "CHECK|Error|error|assert" ;;
     nn2) timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;
     nnput2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 nn | grep -E "CHECK|Error|error|assert" ;;

@@ -21,7 +21,7 @@ from .shapes import Problem, rotation_sets
 TOL = {"ag_gemm": 1e-2, "gemm_rs": 2e-2, "all_gather": 0.0, "reduce_scatter": 2e-2}
 STAGE_ITERS = 10  # calls of a fused op timed stage by stage (after its timed iterations)
 HOST_SYNC_LEAD_US = 1000.0  # > the host path of any call measured (about 0.3-0.5 ms on the H200 machine)
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
 
 def _reason(e: BaseException) -> str:
@@ -50,6 +50,9 @@ class Suite:
         self.flux_error = flux_error
         self.dtype_name = dtype
         self.dtype = TORCH_DTYPES[dtype]
+        # fp8: e4m3 operands with per-tensor fp32 scales, bf16 outputs; the collectives move bf16
+        self.fp8 = dtype == "fp8"
+        self.comm_dtype = torch.bfloat16 if self.fp8 else self.dtype
         self.iters, self.warmup, self.rotate = iters, warmup, rotate
         self.rounds = rounds
         self.op_options = op_options or {}  # extra constructor keywords per op class, e.g. AllGatherGEMM engine
@@ -107,7 +110,8 @@ class Suite:
             kw = dict(self.op_options.get(kind, {}))
             if mode:
                 kw["mode"] = mode
-            self._ops[key] = cls(max_rows, *dims, self.dtype, **kw)
+            dtype = self.comm_dtype if kind in ("AllGather", "ReduceScatter") else self.dtype
+            self._ops[key] = cls(max_rows, *dims, dtype, **kw)
         return self._ops[key]
 
     def _nccl(self, make: Callable[[], Callable]) -> Callable[[], Callable]:
@@ -137,11 +141,18 @@ class Suite:
         g.manual_seed(self.seed + 7919 * self._counter + 104729 * self.rank)
         return g
 
-    def _randn(self, shape, gen, scale: float = 1.0) -> torch.Tensor:
+    def _randn(self, shape, gen, scale: float = 1.0, dtype=None) -> torch.Tensor:
         t = torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32)
         if scale != 1.0:
             t.mul_(scale)
-        return t.to(self.dtype)
+        return t.to(dtype or self.dtype)
+
+    def _fp8(self, shape, gen, scale: float = 1.0) -> tuple:
+        """(e4m3 tensor, its per-tensor fp32 scale, the dequantized fp32 values) of fresh random values."""
+        t = self._randn(shape, gen, scale, dtype=torch.float32)
+        s = (t.abs().amax() / torch.finfo(torch.float8_e4m3fn).max).float()
+        q = (t / s).to(torch.float8_e4m3fn)
+        return q, s, q.float() * s
 
     def _nsets(self, bytes_per_set: int) -> int:
         if self.rotate:
@@ -282,21 +293,22 @@ class Suite:
         if key in self._comm_cache:
             return self._comm_cache[key]
         W, r = self.world, self.rank
-        es = torch.empty((), dtype=self.dtype).element_size()
+        dt = self.comm_dtype
+        es = torch.empty((), dtype=dt).element_size()
         gen = self._gen()
         tol = TOL[op]
         res: Dict[str, dict] = {}
         if op == "all_gather":
             loc = rows // W
             n = self._nsets((loc + rows) * cols * es)
-            xs = [self._randn((loc, cols), gen) for _ in range(n)]
-            ref = torch.empty(rows, cols, dtype=self.dtype, device=self.device)
+            xs = [self._randn((loc, cols), gen, dtype=dt) for _ in range(n)]
+            ref = torch.empty(rows, cols, dtype=dt, device=self.device)
             self.coll.all_gather(ref, xs[0])
             # sanity check of the reference itself: our shard must sit at rows [r*loc, (r+1)*loc)
             if not torch.equal(ref[r * loc:(r + 1) * loc], xs[0]):
                 raise RuntimeError(f"{self.coll.name} all_gather reference is inconsistent")
             sets = [(x,) for x in xs]
-            nccl_out = torch.empty(rows, cols, dtype=self.dtype, device=self.device)
+            nccl_out = torch.empty(rows, cols, dtype=dt, device=self.device)
             res["ours"] = self.measure("ours", lambda: _no_copy(self._our_op("AllGather", cols)),
                                        sets,
                                        lambda out: timing.relative_error(out, ref), tol)
@@ -304,11 +316,11 @@ class Suite:
                                        sets, lambda out: timing.relative_error(out, ref), tol)
         else:
             n = self._nsets(rows * cols * es + (rows // W) * cols * es)
-            xs = [self._randn((rows, cols), gen) for _ in range(n)]
+            xs = [self._randn((rows, cols), gen, dtype=dt) for _ in range(n)]
             ref = torch.empty(rows // W, cols, dtype=torch.float32, device=self.device)
             self.coll.reduce_scatter(ref, xs[0].float())
             sets = [(x,) for x in xs]
-            nccl_out = torch.empty(rows // W, cols, dtype=self.dtype, device=self.device)
+            nccl_out = torch.empty(rows // W, cols, dtype=dt, device=self.device)
             res["ours"] = self.measure("ours", lambda: self._resident(self._our_op("ReduceScatter", cols), xs[0]),
                                        sets, lambda out: timing.relative_error(out, ref), tol)
             res["nccl"] = self.measure("nccl",
@@ -386,12 +398,21 @@ class Suite:
         gen = self._gen()
         nsets = self._nsets((m * kloc + kloc * n) * es)
         sets = []
-        for _ in range(nsets):
-            a = self._randn((m, kloc), gen)
-            b = self._randn((kloc, n), gen, scale=1.0 / math.sqrt(p.k))
-            sets.append((a, b))
-        a0, b0 = sets[0]
-        partial = a0.float() @ b0.float()
+        if self.fp8:  # (a, b = w.t(), scale_a, scale_b), per-tensor scales; the baselines are torch._scaled_mm
+            for i in range(nsets):
+                a, sa, a_deq = self._fp8((m, kloc), gen)
+                w, sb, w_deq = self._fp8((n, kloc), gen, scale=1.0 / math.sqrt(p.k))
+                sets.append((a, w.t(), sa, sb))
+                if i == 0:
+                    partial = a_deq @ w_deq.t()
+                del a_deq, w_deq
+        else:
+            for _ in range(nsets):
+                a = self._randn((m, kloc), gen)
+                b = self._randn((kloc, n), gen, scale=1.0 / math.sqrt(p.k))
+                sets.append((a, b))
+            a0, b0 = sets[0]
+            partial = a0.float() @ b0.float()
         ref = torch.empty(m // W, n, dtype=torch.float32, device=self.device)
         self.coll.reduce_scatter(ref, partial)
         tol = TOL["gemm_rs"]
@@ -403,22 +424,38 @@ class Suite:
             return timing.relative_error(out, partial)
 
         res: Dict[str, dict] = {"ours_comm": dict(comm["ours"]), "nccl": dict(comm["nccl"])}
+
+        def sc(*s) -> dict:  # an fp8 set's scales as keywords
+            return dict(scale_a=s[0], scale_b=s[1]) if s else {}
+
+        def mm(a, b, *s):  # the torch GEMM of a set (cuBLAS; cuBLASLt fp8 via torch._scaled_mm)
+            if s:
+                return torch._scaled_mm(a, b, s[0], s[1], out_dtype=torch.bfloat16)
+            return torch.matmul(a, b)
+
+        def not_fp8(make):
+            def wrapped():
+                if self.fp8:
+                    raise baselines.Unavailable("no fp8 variant of this baseline")
+                return make()
+            return wrapped
         res["ours"] = self.measure(
-            "ours", lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
+            "ours", lambda: (lambda op: (lambda a, b, *s: op(a, b, **sc(*s))))(
+                self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
             sets, chk, tol, stages=True)
         self._describe(res["ours"], "GEMMReduceScatter", n, kloc, m)
         res["decomposed"] = self.measure(
-            "decomposed",
-            lambda: (lambda op: (lambda a, b: op(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode="decomposed")),
+            "decomposed", lambda: (lambda op: (lambda a, b, *s: op(a, b, **sc(*s))))(
+                self._our_op("GEMMReduceScatter", n, kloc, mode="decomposed")),
             sets, chk, tol)
         res["ours_gemm_split"] = self.measure(
-            "ours_gemm_split", lambda: self._gemm_split("GEMMReduceScatter", n, kloc, m,
-                                                        lambda op, s, a, b: op.gemm_only(a, b, sm_count=s)),
+            "ours_gemm_split", lambda: self._gemm_split(
+                "GEMMReduceScatter", n, kloc, m, lambda op, sms, a, b, *s: op.gemm_only(a, b, sm_count=sms, **sc(*s))),
             sets, chk_partial, tol)
         if self.mode == "fused" and W > 1:
             res["ours_fused_gemm_alone"] = self.measure(
                 "ours_fused_gemm_alone",
-                lambda: (lambda op: (lambda a, b: op.fused_gemm_alone(a, b)))(
+                lambda: (lambda op: (lambda a, b, *s: op.fused_gemm_alone(a, b, **sc(*s))))(
                     self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
                 sets, chk_partial, tol)
 
@@ -426,17 +463,18 @@ class Suite:
             c = baselines.ChunkedGemmRS(m, n, self.dtype, self.device, r, W)
             return lambda a, b: c(a, b)
 
-        res["chunked"] = self.measure("chunked", self._nccl(make_chunked), sets, chk, tol)
-        res["symm_mem"] = self.measure("symm_mem", self._nccl(lambda: baselines.symm_mem_gemm_rs(self.group)),
+        res["chunked"] = self.measure("chunked", self._nccl(not_fp8(make_chunked)), sets, chk, tol)
+        res["symm_mem"] = self.measure("symm_mem", self._nccl(not_fp8(lambda: baselines.symm_mem_gemm_rs(self.group))),
                                        sets, chk, tol)
-        out_buf = torch.empty(m // W, n, dtype=self.dtype, device=self.device)
+        out_buf = torch.empty(m // W, n, dtype=self.comm_dtype, device=self.device)
         res["serial"] = self.measure(
-            "serial", self._nccl(lambda: (lambda a, b: baselines.serial_gemm_rs(a, b, out_buf))), sets, chk, tol)
+            "serial", self._nccl(lambda: (lambda *st: baselines.nccl_reduce_scatter(mm(*st), out_buf))),
+            sets, chk, tol)
         res["ours_gemm"] = self.measure(
-            "ours_gemm",
-            lambda: (lambda op: (lambda a, b: op.gemm_only(a, b)))(self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
+            "ours_gemm", lambda: (lambda op: (lambda a, b, *s: op.gemm_only(a, b, **sc(*s))))(
+                self._our_op("GEMMReduceScatter", n, kloc, mode=self.mode)),
             sets, chk_partial, tol)
-        res["cublas"] = self.measure("cublas", lambda: (lambda a, b: torch.matmul(a, b)), sets, chk_partial, tol)
+        res["cublas"] = self.measure("cublas", lambda: mm, sets, chk_partial, tol)
         self._time_pending()
         return res
 

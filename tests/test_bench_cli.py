@@ -39,7 +39,7 @@ def test_cli_shapes_and_ops():
     ["--shapes", "axbxc"],
     ["--ops", "ag_gemm,bogus"],
     ["--ops", ""],
-    ["--dtype", "fp8"],
+    ["--dtype", "fp4"],
     ["--iters", "0"],
     ["--warmup", "-1"],
     ["--nvlink-gbps", "0"],
@@ -135,3 +135,14 @@ def test_entry_points_pass_their_op(monkeypatch, capsys):
 def test_entry_point_script_bad_args_exit_2():
     r = _run_script("ag_gemm.py", "--shapes", "8192x8192")  # argument errors come before any GPU check
     assert r.returncode == 2 and "bad shape" in r.stderr
+
+
+def test_fp8_problems():
+    """--dtype fp8: GEMM+RS with e4m3 operands whose reduce-scatter moves bf16; other ops say why they skip."""
+    from benchmarks import shapes
+    p = shapes.Problem(op="gemm_rs", label="x", m=1024, n=512, k=2048, world=4, dtype="fp8")
+    assert shapes.validate(p) is None
+    assert p.elem_bytes == 1 and p.comm_bytes == 1024 * 512 * 2
+    ag = shapes.Problem(op="ag_gemm", label="x", m=1024, n=512, k=2048, world=4, dtype="fp8")
+    assert "gemm_rs only" in shapes.validate(ag) and ag.comm_bytes == 1024 * 2048
+    assert run.parse_args(["--dtype", "fp8", "--ops", "gemm_rs"]).dtype == "fp8"
