@@ -120,18 +120,17 @@ def test_gemm_checks_before_touching_a_gpu():
 
 
 def test_fused_fp8_dtype_checks():
-    """GEMMReduceScatter takes e4m3 (its checks pass, so construction reaches the runtime, absent here);
-    AllGatherGEMM says it does not yet and where fp8 is; e5m2 and misaligned K are the caller's errors."""
+    """Both fused ops take e4m3 (their checks pass, so construction reaches the runtime, absent here); e5m2 and
+    misaligned K are the caller's errors."""
     import flux_shmem
-    with pytest.raises(NotImplementedError, match=r"fp8 .* not supported by this op yet.*GEMMReduceScatter"):
-        flux_shmem.AllGatherGEMM(1024, 1024, 1024, E4M3)
-    with pytest.raises(TypeError, match="cast to torch.float8_e4m3fn"):
-        flux_shmem.GEMMReduceScatter(1024, 1024, 1024, torch.float8_e5m2)
-    with pytest.raises(ValueError, match="K = 1000 is not a multiple of 16"):
-        flux_shmem.GEMMReduceScatter(1024, 1024, 1000, E4M3)
-    with pytest.raises(Exception) as e:
-        flux_shmem.GEMMReduceScatter(1024, 1024, 1024, E4M3)
-    assert "init" in str(e.value), e.value  # past every dtype check: the runtime is what is missing
+    for op in (flux_shmem.AllGatherGEMM, flux_shmem.GEMMReduceScatter):
+        with pytest.raises(TypeError, match="cast to torch.float8_e4m3fn"):
+            op(1024, 1024, 1024, torch.float8_e5m2)
+        with pytest.raises(ValueError, match="K = 1000 is not a multiple of 16"):
+            op(1024, 1024, 1000, E4M3)
+        with pytest.raises(Exception) as e:
+            op(1024, 1024, 1024, E4M3)
+        assert "init" in str(e.value), e.value  # past every dtype check: the runtime is what is missing
 
 
 def test_fused_fp8_scale_checks():

@@ -12,10 +12,9 @@ def check_dtype(name: str, dtype: torch.dtype, allowed=SUPPORTED_DTYPES) -> None
         raise TypeError(f"{name}: float8_e5m2 operands are not supported (the fp8 kernels take float8_e4m3fn): "
                         "cast to torch.float8_e4m3fn with a scale for its range")
     if dtype in FP8_DTYPES and dtype not in allowed:
-        raise NotImplementedError(f"{name}: fp8 ({dtype}) is not supported by this op yet (issue 26: the "
-                                  "all-gather of fp8 rows with their scales); GEMMReduceScatter takes "
-                                  "float8_e4m3fn, flux_shmem.kernels.gemm.gemm(a, b, scale_a=..., scale_b=...) is "
-                                  "a plain fp8 GEMM; or pass bfloat16 operands here")
+        raise NotImplementedError(f"{name}: fp8 ({dtype}) is not supported by this op; AllGatherGEMM and "
+                                  "GEMMReduceScatter take float8_e4m3fn with scales, flux_shmem.kernels.gemm.gemm(a, "
+                                  "b, scale_a=..., scale_b=...) is a plain fp8 GEMM; or pass bfloat16 operands here")
     if dtype not in allowed:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use one of "
                         f"{', '.join(str(d) for d in allowed)}")

@@ -35,9 +35,15 @@ class AllGatherGEMM(FusedGEMM):
     engines (one NVLink domain only), so the GEMM keeps all SMs but one; 'auto' (default) takes whichever the
     simulator predicts faster for each M ('sm' where the copy engines cannot serve: several nodes, forced puts,
     link emulation).
+
+    fp8: dtype=torch.float8_e4m3fn gathers e4m3 rows (half the bytes of bf16) and takes fp32 scales per call:
+    `scale_a` for this PE's shard ([] or one per shard row), `scale_b` ([] or one per column of b); out (and
+    bias) bf16. The shards' scales are all-gathered first (a small all-gather, on the main stream, before the
+    fused pair) into one scale per row of the gathered A, which the GEMM's epilogue applies.
     """
 
     family = "ag_gemm"
+    DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
     ENGINES = ("auto", "sm", "ce")
     COMM_CANDIDATES = (2, 4, 8, 16)
 
@@ -65,6 +71,8 @@ class AllGatherGEMM(FusedGEMM):
         self.ag = AllGather(ms, k, dtype, chunk_rows=chunk_rows,
                             comm_blocks=self.comm_blocks or max(simulate.AG_COMM_BLOCKS),
                             copy_engine="ce" in self._engines)
+        # fp8: every shard's scales (up to ms of them), packed 4 fp32 to a 16-byte row, gathered before a call
+        self.scale_ag = AllGather(-(-ms // 4), 4, torch.float32, comm_blocks=1) if self.fp8 else None
         symmetric.agree("AllGatherGEMM(max_m, n, k, dtype, mode, engine, comm_blocks)",
                         (max_m, n, k, str(dtype), mode, engine, comm_blocks))
         self.agree_inputs(engines=self._engines, chunk_rows=self.ag.chunk_rows,
@@ -76,8 +84,20 @@ class AllGatherGEMM(FusedGEMM):
                 f"chunk_rows={self.ag.chunk_rows}, engine={self.engine}, sm_budget={self.budget.sms} "
                 f"({self.budget.source}), at max_m: {self.call_plan(self.max_m).describe()})")
 
+    def gather_scales(self, scale_a: torch.Tensor, ms: int) -> torch.Tensor:
+        """fp8: every PE's shard scales (per-tensor [] or one per row, [ms]) as one fp32 scale per row of the
+        gathered A, [world * ms] (collective; on torch's current stream)."""
+        W = self.rt.world_size
+        sa = scale_a.reshape(-1)
+        rows4 = -(-sa.numel() // 4)
+        packed = torch.zeros((rows4, 4), dtype=torch.float32, device=sa.device)
+        packed.view(-1)[:sa.numel()] = sa
+        got = self.scale_ag(packed, copy=False).reshape(W, rows4 * 4)[:, :sa.numel()]
+        return (got.expand(W, ms) if sa.numel() == 1 else got).contiguous().reshape(-1)
+
     def _gemm(self, layout: str, a_ptr: int, b: torch.Tensor, out: torch.Tensor, bias, m: int, *, wait: bool,
-              sm_count: int, order: torch.Tensor | None, swizzle: int, choice, engine: str = "sm") -> None:
+              sm_count: int, order: torch.Tensor | None, swizzle: int, choice, engine: str = "sm",
+              scales: tuple[int, int, int] = (0, 0, 0)) -> None:
         ag = self.ag
         ms = max(1, m // self.rt.world_size)
         # The copy-engine flags are set to 1 (then zeroed by their owner); the SM engine's to the epoch.
@@ -89,22 +109,27 @@ class AllGatherGEMM(FusedGEMM):
             chunk_flags=flags.data_ptr(), epoch=target.data_ptr(), rows_per_shard=ms,
             chunk_rows=ag.chunk_rows, chunks_per_shard=-(-ms // ag.chunk_rows), wait=int(wait),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
-            splits=choice.split)
+            splits=choice.split, scale_a=scales[0], scale_b=scales[1], scale_kind=scales[2])
         self.kernel(layout, choice.config).launch(args)
 
     def __call__(self, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 return_gathered: bool = False):
+                 return_gathered: bool = False, scale_a: torch.Tensor | None = None,
+                 scale_b: torch.Tensor | None = None):
         signals.check_errors()
         rt = self.rt
         layout = self.check_operands(a_shard, b, bias, "AllGatherGEMM")
+        scales = self.check_scales(a_shard, b, scale_a, scale_b, "AllGatherGEMM")
         ms = a_shard.shape[0]
         m = ms * rt.world_size
         if not 0 < m <= self.max_m:
             raise ValueError(f"a_shard has {ms} rows (M = {m}); this op takes M up to {self.max_m}")
         if rt.world_size == 1:  # nothing to gather: the plain GEMM on the shard
-            out = self.gemm_only(a_shard, b, bias)
+            out = self.gemm_only(a_shard, b, bias, scale_a=scale_a, scale_b=scale_b)
             return (out, a_shard.clone()) if return_gathered else out
-        out = torch.empty((m, self.n), dtype=self.dtype, device=a_shard.device)
+        if self.fp8:  # one scale per gathered row (kept alive by the allocator until the GEMM is done)
+            row_scales = self.gather_scales(scale_a, ms)
+            scales = (row_scales.data_ptr(), scales[1], scales[2] | kgemm.SCALE_ROWWISE_A)
+        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a_shard.device)
         main = torch.cuda.current_stream()
         ag = self.ag
         plan = self.call_plan(m, layout)
@@ -133,7 +158,7 @@ class AllGatherGEMM(FusedGEMM):
             if not torch.cuda.is_current_stream_capturing():  # the allocator must not reuse it early
                 a_shard.record_stream(self.comm_stream)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=True, sm_count=plan.gemm_sms,
-                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, engine=plan.engine)
+                       order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, engine=plan.engine, scales=scales)
             if trace is not None:
                 trace.stage(f"fused GEMM ({plan.gemm_sms} CTAs) finished", main, "main")
             main.wait_stream(self.comm_stream)
@@ -142,7 +167,7 @@ class AllGatherGEMM(FusedGEMM):
         else:
             ag.launch(a_shard, stream=main, wait_all=True)
             self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=plan.gemm_sms,
-                       order=None, swizzle=plan.swizzle, choice=plan.gemm)
+                       order=None, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
         ag.sync.bump(main)
         if trace is not None:
             trace.stage("call done (epoch bumped)", main, "main")
@@ -156,20 +181,22 @@ class AllGatherGEMM(FusedGEMM):
         return out
 
     def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  sm_count: Optional[int] = None) -> torch.Tensor:
+                  sm_count: Optional[int] = None, scale_a: torch.Tensor | None = None,
+                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
         """The same GEMM on an already gathered a [m, k], no communication, on the whole SM budget (or
         `sm_count` CTAs, e.g. a fused call's gemm_sms), with the configuration the chooser picks for that many
         SMs: the honest baseline."""
         layout = self.check_operands(a, b, bias, "AllGatherGEMM.gemm_only")
+        scales = self.check_scales(a, b, scale_a, scale_b, "AllGatherGEMM.gemm_only")
         m = a.shape[0]
         if not 0 < m <= self.max_m:
             raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
-        out = torch.empty((m, self.n), dtype=self.dtype, device=a.device)
+        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a.device)
         sms = sm_count or self.sms
         choice = self.gemm_choice(m, layout, sms)
         trace = stall.begin("AllGatherGEMM.gemm_only")
         self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sms, order=None,
-                   swizzle=choice.swizzle, choice=choice)
+                   swizzle=choice.swizzle, choice=choice, scales=scales)
         if trace is not None:
             trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
         return out

@@ -14,7 +14,7 @@ from ..runtime.state import get_runtime
 from ._schedule import ag_ce_copies, ag_plan, plan_tensors
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)  # (the kernel moves bytes)
 
 
 def default_chunk_rows(rows: int, cols: int, elem: int, world: int, blocks: int) -> int:

@@ -466,6 +466,33 @@ def gemm_rs_fp8_matches_torch(rt):
 
 
 @check("fp8")
+def ag_gemm_fp8_matches_torch(rt):
+    """Issue 26: AllGatherGEMM with e4m3 shards and both scale kinds (each PE its own scales, gathered with the
+    rows), fused and decomposed, every engine the op may take, against the dequantize-then-fp64 reference."""
+    W = rt.world_size
+    for mode in ("fused", "decomposed"):
+        for m, n, k in ((512 * W, 512, 256), (96 * W, 264, 208), (1024 * W, 1024, 512), (8192, 3584, 8192)):
+            op = flux_shmem.AllGatherGEMM(m, n, k, torch.float8_e4m3fn, mode=mode)
+            for seed, rowwise in ((9, False), (10, True)):
+                ins = fp8_operands(rt, m // W, n, k, seed + m, rowwise)  # every PE's shard, weight and scales
+                a8, _, sa, _ = ins[rt.rank]
+                _, w8, _, sb = ins[0]  # one weight for this PE (the reference uses the same)
+                bias = torch.randn(n, device="cuda").bfloat16() if rowwise else None
+                out = op(a8, w8.t(), bias, scale_a=sa, scale_b=sb)
+                rdt = torch.float32 if m * n * k > 1 << 32 else torch.float64
+                a_full = torch.cat([fp8_dequantized(x, w8, s_, sb, dtype=rdt)[0] for x, _, s_, _ in ins])
+                w_deq = fp8_dequantized(a8, w8, sa, sb, dtype=rdt)[1]
+                ref = a_full @ w_deq.t() + (bias.to(rdt) if bias is not None else 0)
+                e = rel_err(out, ref)
+                assert out.dtype == torch.bfloat16 and out.shape == (m, n) and e < 2e-2, \
+                    f"AllGatherGEMM fp8 {mode} {'rowwise' if rowwise else 'per-tensor'} {m}x{n}x{k}: rel err {e}"
+                if rt.rank == 0 and (m, n) == (8192, 3584):
+                    print(f"CHECK info: AllGatherGEMM fp8 {mode} {m}x{n}x{k} {'rowwise' if rowwise else 'per-tensor'}"
+                          f": rel err {e:.2e} ({op.call_plan(m).describe()[:160]})", flush=True)
+            flux_shmem.barrier()
+
+
+@check("fp8")
 def gemm_rs_fp8_argument_errors(rt):
     """fp8 GEMMReduceScatter: missing or misshapen scales, kn weights and scales on a 16-bit op raise, naming the
     fix, on every PE (no collective is entered)."""
