@@ -31,6 +31,16 @@ def test_gemm_work_covers_every_tile_once_balanced(tiles_m, tiles_n, sw, sms):
     assert {r for r, _ in first} == set(range(min(S_, rows)))
 
 
+def test_swizzle_cost():
+    """Narrow swizzle groups cost B re-reads (measured 2026-12-06, H100): modelled only where the Gemm asks for it
+    and the GEMM has more cluster rows than a group."""
+    g = S.Gemm(tile_us=10.0, swizzle_cost=True)
+    assert S.run_gemm(list(range(8)), 4, g, 1, 8)[1] == pytest.approx(40.0 * S.SWIZZLE_COST[1])
+    assert S.run_gemm(list(range(8)), 4, g, 4, 8)[1] == pytest.approx(40.0)  # 4 = every cluster row: one group
+    assert S.swizzle_cost(g, 8, 64) == 1.0 and S.swizzle_cost(g, 2, 64) == S.SWIZZLE_COST[2]
+    assert S.swizzle_cost(S.Gemm(), 1, 64) == 1.0
+
+
 def test_run_gemm_waits_and_waves():
     g = S.Gemm(tile_us=10.0)
     ends, span = S.run_gemm(list(range(8)), 4, g, 1, 8)  # 16 cluster items on 4 clusters: 4 waves
@@ -140,9 +150,10 @@ def test_rs_shapes_and_last_wave():
     """The (swizzle, width) pairs: a wave of C clusters covers C // S N-tiles of S cluster rows; whole rows at
     S = 1. The last wave's pieces: with 64 clusters over 32 cluster rows x 32 N-tiles, whole rows one row at a time
     leave 4 M-tiles (2 cluster rows); 4-row groups of half rows leave 8 M-tiles' second halves."""
-    assert S.rs_shapes(64, 32, 2, 64) == [(1, 32), (2, 32), (4, 16), (8, 8)]
-    assert S.rs_shapes(64, 32, 2, 30) == [(1, 32), (2, 15), (4, 7), (8, 3)]  # (one row at a time: whole rows)
-    assert S.rs_shapes(4, 32, 2, 62) == [(1, 32), (2, 31)]  # no swizzle wider than the 2 cluster rows
+    # every swizzle with whole rows too (fewer B re-reads than swizzle 1: SWIZZLE_COST)
+    assert S.rs_shapes(64, 32, 2, 64) == [(1, 32), (2, 32), (4, 16), (4, 32), (8, 8), (8, 32)]
+    assert S.rs_shapes(64, 32, 2, 30) == [(1, 32), (2, 15), (2, 32), (4, 7), (4, 32), (8, 3), (8, 32)]
+    assert S.rs_shapes(4, 32, 2, 62) == [(1, 32), (2, 31), (2, 32)]  # no swizzle wider than the 2 cluster rows
     # A given swizzle (FLUX_SHMEM_GEMM_CONFIG): whole rows or one wave's width, with that swizzle only
     assert S.rs_shapes(64, 32, 2, 30, swizzle=8) == [(8, 32), (8, 3)]
     assert S.rs_shapes(64, 32, 2, 30, swizzle=1) == [(1, 32), (1, 30)]

@@ -121,7 +121,7 @@ def _choice(inp: PlanInputs, m: int, layout: str, sm_count: int, fused: bool) ->
 def gemm_model(k: int, config: str = registry.DEFAULT, dtype: str = "bf16") -> simulate.Gemm:
     cfg = registry.get(config)
     rate = TFLOPS_PER_SM * (kconfig.FP8_SPEEDUP if dtype == "e4m3" else 1.0)  # (nominal, until measured)
-    return simulate.Gemm.from_rate(k, rate, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US)
+    return simulate.Gemm.from_rate(k, rate, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US, swizzle_cost=True)
 
 
 @functools.lru_cache(maxsize=64)

@@ -109,13 +109,15 @@ class Gemm:
     tile_n: int = 256
     cluster_m: int = 2
     tile_us: float = 100.0
+    swizzle_cost: bool = False  # tiles of narrow swizzle groups take longer (SWIZZLE_COST)
 
     @staticmethod
     def from_rate(k: int, tflops_per_sm: float, tile_m: int = 128, tile_n: int = 256, cluster_m: int = 2,
-                  tile_fixed_us: float = 0.0) -> "Gemm":
+                  tile_fixed_us: float = 0.0, swizzle_cost: bool = False) -> "Gemm":
         """A tile's time from the K of the problem and one SM's rate (TFLOP/s of the whole GPU / its SMs), plus a
         fixed cost per tile (its epilogue)."""
-        return Gemm(tile_m, tile_n, cluster_m, 2.0 * tile_m * tile_n * k / (tflops_per_sm * 1e12) * 1e6 + tile_fixed_us)
+        return Gemm(tile_m, tile_n, cluster_m, 2.0 * tile_m * tile_n * k / (tflops_per_sm * 1e12) * 1e6 + tile_fixed_us,
+                    swizzle_cost)
 
     def beside_comm(self, links: "Links") -> "Gemm":
         """This GEMM as it runs beside a comm kernel (a fused call)."""
@@ -135,6 +137,19 @@ def gemm_work(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, sm_count
     return [items[c::clusters] for c in range(clusters)]
 
 
+# A GEMM whose swizzle groups hold few cluster rows re-reads B from memory for every group (B rarely fits in L2
+# beside A): measured on an H100 under MPS (2026-12-06, fused GEMM+RS's GEMM alone, 24-60 CTAs, K 1024-3584 per PE)
+# swizzle 1 ran 1.02-1.16x (most 1.07-1.09x) the time of swizzle 4 or 8, which ran alike. Tile time factor by the
+# swizzle (groups of fewer rows than the GEMM has); the decomposed paths run the plain GEMM's swizzle (8).
+SWIZZLE_COST = {1: 1.08, 2: 1.03}
+PLAIN_SWIZZLE = 8
+
+
+def swizzle_cost(g: Gemm, swizzle: int, tiles_m: int) -> float:
+    rows = -(-tiles_m // g.cluster_m)
+    return SWIZZLE_COST.get(swizzle, 1.0) if g.swizzle_cost and swizzle < rows else 1.0
+
+
 def run_gemm(order: list[int], tiles_n: int, g: Gemm, swizzle: int, sm_count: int,
              ready: Optional[Callable[[int], float]] = None, start_us: float = 0.0) -> tuple[list[list[float]], float]:
     """Simulate the persistent GEMM. `order`: the M-tile order table; `ready(m_tile)`: when a tile's A rows are
@@ -142,13 +157,14 @@ def run_gemm(order: list[int], tiles_n: int, g: Gemm, swizzle: int, sm_count: in
     tiles_m = len(order)
     ends = [[0.0] * tiles_n for _ in range(tiles_m)]
     makespan = start_us
+    tile_us = g.tile_us * swizzle_cost(g, swizzle, tiles_m)
     for items in gemm_work(tiles_m, tiles_n, g.cluster_m, swizzle, sm_count):
         t = start_us
         for row, n in items:
             mts = [order[i] for i in range(row * g.cluster_m, min(tiles_m, (row + 1) * g.cluster_m))]
             if ready is not None:
                 t = max([t] + [ready(mt) for mt in mts])
-            t += g.tile_us
+            t += tile_us
             for mt in mts:
                 ends[mt][n] = t
         makespan = max(makespan, t)
@@ -376,7 +392,7 @@ def simulate_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, gemm
                           links, "sm")[0]
     comm = max(max(a.values()) for a in arr)
     gemm_f = _gemm_us(tiles_m, tiles_n, gemm, swizzle, gemm_sms)
-    gemm_all = _gemm_us(tiles_m, tiles_n, gemm, swizzle, all_sms)
+    gemm_all = _gemm_us(tiles_m, tiles_n, gemm, PLAIN_SWIZZLE, all_sms)
     return Result("ag_gemm", max(per_pe), comm + gemm_all + 2 * overhead_us, comm, gemm_f, gemm_all, per_pe, detail)
 
 
@@ -488,7 +504,7 @@ def simulate_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, gemm
     comm = _rs_comm_us(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n,
                        decomposed_comm_blocks or comm_blocks, links)
     gemm_f = _gemm_us(tiles_m, tiles_n, gemm, swizzle, gemm_sms)
-    gemm_all = _gemm_us(tiles_m, tiles_n, gemm, swizzle, all_sms)
+    gemm_all = _gemm_us(tiles_m, tiles_n, gemm, PLAIN_SWIZZLE, all_sms)
     return Result("gemm_rs", max(per_pe), gemm_all + comm + 2 * overhead_us, comm, gemm_f, gemm_all, per_pe,
                   {"reduce_end_us": red, "order": orders, "completion": completions})
 
@@ -615,7 +631,12 @@ def rs_shapes(tiles_m: int, tiles_n: int, cluster_m: int, clusters: int,
     if group_tiles is not None:  # the width is given: only the swizzle is chosen (whole rows: swizzle 1)
         gt = min(tiles_n, group_tiles)
         return [(1, tiles_n)] if gt == tiles_n else [(S, gt) for S in (1, 2, 4, 8) if S <= rows]
-    return [(1, tiles_n)] + [(S, max(1, min(tiles_n, clusters // S))) for S in (2, 4, 8) if S <= rows]
+    # (whole rows with S > 1 too: fewer B re-reads than S = 1, SWIZZLE_COST, for a later start of the reductions)
+    out = [(1, tiles_n)]
+    for S in (2, 4, 8):
+        if S <= rows:
+            out += list(dict.fromkeys([(S, max(1, min(tiles_n, clusters // S))), (S, tiles_n)]))
+    return out
 
 
 def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int, clusters: int) -> int:
