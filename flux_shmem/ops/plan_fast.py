@@ -1,0 +1,707 @@
+"""Fast call planning (issue 25): the fused ops' plan for a new M in a few milliseconds of host time.
+
+`simulate.py` is the reference model, but it simulates every chunk, tile and reduce unit of every PE: 0.05 s to
+seconds per M, too slow for a call that meets a new M (every rank stalls; a CUDA-graph capture cannot plan at all).
+This module plans from the same model in closed form:
+
+* Buckets of M (`bucket_of`): the decisions (path, engine, comm blocks, GEMM SMs, swizzle, reduce-unit width, tail
+  kind, GEMM configuration) are made once per bucket, at its representative M. Buckets follow tile counts while the
+  GEMM has only a few waves (a tile more or less changes its last wave) and are geometric above. What is cheap and
+  depends on M itself (the M-tile order, the tail's piece count, the all-gather's swizzle) is computed per M.
+* AllGather + GEMM (`plan_ag_gemm`): the arrivals come from one PE's sweep of its comm blocks, every other PE doing
+  the same rotated (the ring-shift schedule is symmetric), and the GEMM's makespan with waits from a closed form of
+  its static persistent schedule (`gemm_span`), which equals `simulate.run_gemm`'s.
+* GEMM + ReduceScatter (`plan_gemm_rs`): pieces complete when the GEMM's closed form says; each PE's reduce blocks
+  drain them at the unit rates of `simulate.rs_reduce`, bounded by its NVLink ingress and, for the tail that every
+  PE starts at once, by the burst its peers' egress links see.
+
+The estimates track the simulator within a few percent on the shapes tested (tests/test_plan_fast.py), which is
+what the choice needs; `_fused.plan_call_full` still plans with the simulator itself, for comparison.
+Everything here is a pure function of its arguments: every PE plans alike.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..kernels.config import swizzle_for
+from . import _schedule as sch
+from . import simulate as S
+
+# ------------------------------------------------------------------------------------------------------------
+# Buckets of M
+BUCKET_RATIO = 2 ** 0.25   # geometric buckets: four per octave (M within 19% share their decisions)
+LINEAR_WAVES = 4           # below this many GEMM waves, buckets also follow the tile count
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """M values [lo, hi] (multiples of the world size) planned alike, with the decisions made at M = rep."""
+
+    key: tuple
+    lo: int
+    hi: int
+    rep: int
+
+
+def linear_limit(tile_m: int, tile_n: int, cluster_m: int, n: int, sms: int) -> int:
+    """The M below which the GEMM has fewer than LINEAR_WAVES waves on `sms` SMs (there, buckets follow tiles)."""
+    tiles_n = -(-n // tile_n)
+    clusters = max(1, sms // cluster_m)
+    return max(1, math.ceil(LINEAR_WAVES * clusters / tiles_n)) * cluster_m * tile_m
+
+
+def bucket_of(m: int, world: int, tile_m: int, linear_m: int) -> Bucket:
+    """M's bucket: the multiples of the world size whose rows per PE lie in M's geometric band [r^g, r^(g+1)) of
+    BUCKET_RATIO r and, below `linear_m`, whose tile count is M's too."""
+    if m < 1 or m % world:
+        raise ValueError(f"M = {m} must be a positive multiple of the world size {world}")
+    q = m // world
+    g = int(math.log(q) / math.log(BUCKET_RATIO))
+    while BUCKET_RATIO ** (g + 1) <= q:   # (guard the float log at band edges)
+        g += 1
+    while g > 0 and BUCKET_RATIO ** g > q:
+        g -= 1
+    lo, hi = math.ceil(BUCKET_RATIO ** g) * world, (math.ceil(BUCKET_RATIO ** (g + 1)) - 1) * world
+    key: tuple = (g,)
+    if m < linear_m:
+        t = -(-m // tile_m)
+        lo, hi = max(lo, -(-((t - 1) * tile_m + 1) // world) * world), min(hi, t * tile_m // world * world)
+        key = (g, t)
+    rep = min(hi, max(lo, round(math.sqrt(lo * hi) / world) * world))
+    return Bucket(key, lo, hi, rep)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The persistent GEMM in closed form
+def gemm_clusters(tiles_m: int, tiles_n: int, cluster_m: int, sms: int) -> int:
+    """Clusters of the persistent grid that get work (`simulate.gemm_work`)."""
+    return max(1, min(sms // cluster_m, -(-tiles_m // cluster_m) * tiles_n))
+
+
+def first_item(row: int, rows: int, tiles_n: int, swizzle: int) -> int:
+    """Index of cluster row `row`'s first work item in `_schedule.gemm_items`."""
+    s = max(1, min(swizzle, rows))
+    g = row // s
+    return g * s * tiles_n + row - g * s
+
+
+def gemm_span(row_ready: Sequence[float], tiles_n: int, cluster_m: int, swizzle: int, sms: int,
+              tile_us: float) -> float:
+    """`simulate.run_gemm`'s makespan when cluster row r's A rows are there at row_ready[r]: cluster c walks items
+    c, c + C, ..., each taking tile_us after both it and its rows are ready, so it ends at the latest
+    ready(item) + (its items from there on) * tile_us, and item w has ceil((items - w) / C) items from it on."""
+    rows = len(row_ready)
+    items = rows * tiles_n
+    c = gemm_clusters(rows, tiles_n, 1, sms // cluster_m)
+    span = -(-items // c) * tile_us
+    for r, ready in enumerate(row_ready):
+        span = max(span, ready + -(-(items - first_item(r, rows, tiles_n, swizzle)) // c) * tile_us)
+    return span
+
+
+def gemm_plain_us(tiles_m: int, tiles_n: int, cluster_m: int, sms: int, tile_us: float) -> float:
+    """The GEMM's time with no waits (`simulate._gemm_us`): whole waves of its clusters."""
+    items = -(-tiles_m // cluster_m) * tiles_n
+    return -(-items // gemm_clusters(tiles_m, tiles_n, cluster_m, sms)) * tile_us
+
+
+def pick(candidates: list, us) -> tuple:
+    """`simulate.best` on estimates: the candidate with the smallest `us(candidate)`, the first of those within
+    0.5% (candidates listed cheapest first). Returns (candidate, its estimate)."""
+    best_c, best_us = None, math.inf
+    for c in candidates:
+        if us(c) < best_us * 0.995:
+            best_c, best_us = c, us(c)
+    if best_c is None:
+        raise S.NoSplit("no candidate split fits the SM budget")
+    return best_c, best_us
+
+
+# ------------------------------------------------------------------------------------------------------------
+# AllGather + GEMM
+@dataclasses.dataclass(frozen=True)
+class AgArrivals:
+    """When each chunk arrives, seen from any PE: at[dn * L + dl][c] is chunk c of the shard of the PE dn nodes and
+    dl local indices further on (0: its own). end: when a PE's comm kernel (or copy stream) is done. sends: PE 0's
+    transfers (issued, block, start, duration, egress end, floor, link class, destination, what), if recorded."""
+
+    world: int
+    node_size: int
+    at: list
+    end: float
+    sends: tuple = ()
+
+    def of(self, pe: int) -> list:
+        """PE pe's view: [shard][chunk] arrival times."""
+        L, N = self.node_size, self.world // self.node_size
+        n0, l0 = pe // L, pe % L
+        return [self.at[((s // L - n0) % N) * L + (s - l0) % L] for s in range(self.world)]
+
+    @property
+    def last(self) -> float:
+        return max(max(v) for v in self.at)
+
+
+def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_rows: int, comm_blocks: int,
+                links: S.Links, engine: str = "sm", record: bool = False) -> AgArrivals:
+    """`simulate.ag_arrivals` for PE 0, every other PE doing the same rotated (each phase of `_schedule.ag_units` is
+    a ring shift: each destination receives from one source at a time). Units are walked in issue order; a block
+    starts a unit when it is free and the data is there; the PE's NVLink and IB egress links are FIFO queues.
+    record: keep PE 0's transfers (for `ag_last_at`)."""
+    L, N = node_size, world // node_size
+    chunks = -(-rows // chunk_rows)
+    nbs = [min(chunk_rows, rows - c * chunk_rows) * row_bytes for c in range(chunks)]
+    if engine == "ce":  # one copy stream, in ag_ce_copies' order: my shard, then peer me - i for i = 1, 2, ...
+        at = [[0.0] * chunks for _ in range(world)]
+        t, local = 0.0, links.ce_local_gbps * 1e3
+        for c in range(chunks):
+            t = at[0][c] = t + nbs[c] / local
+        rate = min(links.ce_gbps, links.nvlink_gbps) * 1e3
+        for i in range(1, world):
+            row = at[i]
+            for c in range(chunks):
+                t = row[c] = t + nbs[c] / rate + links.nvlink_latency_us
+        return AgArrivals(world, world, at, t)
+    # PE 0's units in issue order (`_schedule.ag_units`): (kind, node step j, local step i, chunk); dealt to the
+    # blocks round-robin; blocks run in time order (ties: lower block first), as `simulate._run_blocks` runs them.
+    units = [(sch.LOCAL, 0, 0, c) for c in range(chunks)]
+    units += [(sch.PUT, j, 0, c) for j in range(1, N) for c in range(chunks)]
+    units += [(sch.DIRECT, 0, i, c) for i in range(1, L) for c in range(chunks)]
+    for j in range(1, N):
+        for c in range(chunks):
+            units.append((sch.ACCEPT, j, 0, c))
+            units += [(sch.FORWARD, j, i, c) for i in range(1, L)]
+    at = [[0.0] * chunks for _ in range(world)]
+    B = comm_blocks
+    nv, ib = links.nvlink_gbps * 1e3, links.ib_gbps * 1e3
+    nv_lat, ib_lat, issue = links.nvlink_latency_us, links.ib_latency_us, links.put_issue_us
+    blk = links.block_gbps * 1e3
+    put_rate = (links.put_block_gbps if links.put_by_blocks else links.block_gbps) * 1e3
+    own = rows * row_bytes / (links.ce_local_gbps * 1e3)  # my shard's copy into my gather buffer
+    eg = [0.0, 0.0]                                       # egress clocks: NVLink, IB
+    known: dict = {}                                      # ('put', j, c): when node n + j's put lands here;
+    parked: dict = {}                                     # ('acc', j, c): when I accepted it
+    sends: list = []
+    nxt = list(range(min(B, len(units))))                 # each block's next unit
+    heap = [(0.0, b) for b in range(len(nxt))]
+    end = 0.0
+    while heap:
+        t, b = heapq.heappop(heap)
+        u = nxt[b]
+        if u >= len(units):
+            end = max(end, t)
+            continue
+        kind, j, i, c = units[u]
+        nb = nbs[c]
+        if kind == sch.LOCAL:
+            done = at[0][c] = max(t, own)
+        elif kind == sch.ACCEPT or kind == sch.FORWARD:
+            need = ("put", j, c) if kind == sch.ACCEPT else ("acc", j, c)
+            if need not in known:
+                parked.setdefault(need, []).append((t, b))
+                continue
+            t = max(t, known[need])
+            if kind == sch.ACCEPT:
+                done = at[j * L][c] = known[("acc", j, c)] = t + issue
+                for tb, pb in parked.pop(("acc", j, c), []):
+                    heapq.heappush(heap, (max(tb, done), pb))
+            else:
+                done = at[j * L + i][c] = _send(eg, 0, t, t, nb, nv, blk, nv_lat, b, L - i, (j, i, c), sends, record)
+        elif kind == sch.DIRECT:
+            done = at[i][c] = _send(eg, 0, t, max(t, own), nb, nv, blk, nv_lat, b, L - i, (0, i, c), sends, record)
+        else:  # PUT: my chunk c is in place (LOCAL units come first), lands as node n + j's put to me
+            t = max(t, at[0][c])
+            land = known[("put", j, c)] = _send(eg, 1, t, t, nb, ib, put_rate, ib_lat, b, ((N - j) % N) * L,
+                                                ("put", j, c), sends, record)
+            for tb, pb in parked.pop(("put", j, c), []):
+                heapq.heappush(heap, (max(tb, land), pb))
+            done = land if links.put_by_blocks else t + issue
+        nxt[b] = u + B
+        heapq.heappush(heap, (done, b))
+    if parked:
+        raise RuntimeError(f"all-gather model deadlock: {sorted(parked)[:4]}")
+    return AgArrivals(world, L, at, end, tuple(sends))
+
+
+def _send(eg: list, cls: int, issued: float, ready: float, nb: float, gbps: float, rate: float, lat: float, b: int,
+          dest: int, what, sends: list, record: bool) -> float:
+    """A transfer on PE 0's egress link `cls` (a FIFO queue; `simulate._Net.transfer` without the receiver's)."""
+    start = ready if ready > eg[cls] else eg[cls]
+    e = eg[cls] = start + nb / gbps
+    floor = ready + nb / rate
+    if record:
+        sends.append((issued, b, start, nb / gbps, e, floor, cls, dest, what))
+    return (e if e > floor else floor) + lat
+
+
+def ag_last_at(arr: AgArrivals, d: int, links: S.Links) -> float:
+    """When the last chunk lands at PE d with `simulate._Net`'s receiver queues: a transfer joins its receiver's
+    link queue when the simulator processes it (issue time, then sender, then block), not when it starts, so a
+    receiver that first hears of a late transfer queues its earlier ones behind it. PE 0 never does (its senders
+    issue in ring order); PE 1 does on one node. Senders' clocks are PE 0's (the delays do not feed back)."""
+    L, N = arr.node_size, arr.world // arr.node_size
+    lat = (links.nvlink_latency_us, links.ib_latency_us)
+    dn, dl = d // L, d % L
+    incoming = sorted(((e[0], ((dn - e[7] // L) % N) * L + (dl - e[7]) % L, e[1]), e) for e in arr.sends)
+    q = [0.0, 0.0]
+    last = 0.0
+    for _, (issued, b, start, dur, eg_end, floor, cls, dest, key) in incoming:
+        q[cls] = max(q[cls], start) + dur
+        t = max(eg_end, q[cls], floor) + lat[cls]
+        if key[0] == "put":  # accepted by my own block, then forwarded: by the canonical times, or later
+            t = max(t + links.put_issue_us, arr.at[key[1] * L][key[2]])
+        last = max(last, t)
+    return max(last, arr.last)
+
+
+DECIDE_UNITS = 400    # all-gather units per PE the sweeps of a bucket's decisions walk at most (chunks merged above)
+ORDER_UNITS = 800     # ... the sweep of a call's M-tile order
+QUEUE_WORK = 4000     # transfers x receivers `ag_last_at` replays at most (beyond: the symmetric view)
+
+
+def model_chunk_rows(world: int, node_size: int, rows: int, chunk_rows: int, max_units: int) -> int:
+    """The chunk the model sweeps: the op's, or a power-of-two multiple of it, so that a PE's units (chunks x
+    (world + (nodes - 1) x node_size), `_schedule.ag_units`) stay within max_units (a reduced problem: what the
+    choice needs, at large M, is the rate of the arrivals, not the order of every chunk)."""
+    per_chunk = world + (world // node_size - 1) * node_size
+    while -(-rows // chunk_rows) * per_chunk > max_units and chunk_rows < rows:
+        chunk_rows *= 2
+    return chunk_rows
+
+
+def ag_comm_us(world: int, node_size: int, rows: int, row_bytes: int, chunk_rows: int, blocks: int,
+               links: S.Links) -> float:
+    """The all-gather alone (the decomposed path's communication): when its last chunk lands anywhere, on the
+    receivers `simulate._Net`'s queues delay most (all of one node; the first ones of the next node, where puts
+    and forwards meet), where replaying them is cheap; elsewhere the queueing is small next to the transfers."""
+    arr = ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, blocks, links, "sm", record=True)
+    L = node_size
+    pes = range(world) if world == L else sorted({d for d in (1, 2, L - 1, L, L + 1, L + 2) if d < world})
+    if len(arr.sends) * len(pes) > QUEUE_WORK:
+        return arr.last
+    return max(ag_last_at(arr, d, links) for d in pes)
+
+
+def ag_tile_ready(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> list[float]:
+    """When each M-tile's rows are all at PE `pe` (`_schedule.tile_chunks`)."""
+    view = arr.of(pe)
+    out = []
+    for t in range(-(-m // tile_m)):
+        lo, hi = t * tile_m, min(m, (t + 1) * tile_m)
+        ready = 0.0
+        for s in range(lo // rows, (hi - 1) // rows + 1):
+            a, b = max(lo, s * rows) - s * rows, min(hi, (s + 1) * rows) - s * rows
+            last = max(view[s][a // chunk_rows:(b - 1) // chunk_rows + 1])
+            ready = ready if ready > last else last
+        out.append(ready)
+    return out
+
+
+def ag_order(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> list[int]:
+    """PE `pe`'s M-tile order table: tiles by when their rows arrive, ties in row order (`_schedule.ag_tile_order`)."""
+    ready = ag_tile_ready(arr, pe, m, tile_m, rows, chunk_rows)
+    return sorted(range(len(ready)), key=lambda t: (ready[t], t))
+
+
+def ag_call_order(world: int, node_size: int, m: int, k: int, elem_bytes: int, tile_m: int, chunk_rows: int,
+                  links: S.Links, engine: str, comm_blocks: int, rank: int) -> list[int]:
+    """PE `rank`'s M-tile order for a call with M = m whose all-gather runs on `engine` / `comm_blocks` (the
+    model's arrivals beside the GEMM, as `simulate.simulate_ag_gemm` orders tiles)."""
+    rows = m // world
+    cr = model_chunk_rows(world, node_size, rows, chunk_rows, ORDER_UNITS)
+    arr = ag_arrivals(world, node_size, rows, k * elem_bytes, cr, comm_blocks,
+                      links.beside() if engine == "sm" else links, engine)
+    return ag_order(arr, rank, m, tile_m, rows, cr)
+
+
+def ag_fused_us(arr: AgArrivals, m: int, n: int, gemm: S.Gemm, gemm_sms: int, swizzle: int, rows: int,
+                chunk_rows: int) -> float:
+    """PE 0's fused time: its GEMM walking tiles in arrival order, waiting for their rows, and its comm kernel."""
+    ready = ag_tile_ready(arr, 0, m, gemm.tile_m, rows, chunk_rows)
+    order = sorted(range(len(ready)), key=lambda t: (ready[t], t))
+    cm = gemm.cluster_m
+    row_ready = [max(ready[t] for t in order[r:r + cm]) for r in range(0, len(order), cm)]
+    return max(arr.end, gemm_span(row_ready, -(-n // gemm.tile_n), cm, swizzle, gemm_sms, gemm.tile_us))
+
+
+def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: S.Gemm,
+                 budget_sms: int, chunk_rows: int, links: S.Links = S.Links(), engines=("sm",),
+                 comm_blocks: Optional[int] = None,
+                 decomposed_comm_blocks: Optional[int] = None) -> tuple[S.Split, S.Result]:
+    """`simulate.plan_ag_gemm` (with pes=[0]) from the closed-form model: the same candidates, the same rule (the
+    first within 0.5% of the fastest predicted fused time), candidates whose lower bound cannot win skipped."""
+    rows, cm = m // world, gemm.cluster_m
+    all_sms = budget_sms // cm * cm
+    swz = swizzle_for(gemm, m, chunk_rows, n)[0]
+    cands = S.split_candidates(engines, comm_blocks, budget_sms, cm, S.AG_COMM_BLOCKS)
+    dec = decomposed_comm_blocks or max([c for e, c in cands if e == "sm"] or [S.AG_COMM_BLOCKS[-1]])
+    tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
+    nbytes = rows * k * elem_bytes * (world - 1)          # what each PE receives
+    fast = gemm.beside_comm(links)
+    cr = model_chunk_rows(world, node_size, rows, chunk_rows, DECIDE_UNITS)
+
+    def bound(c) -> float:  # its GEMM alone, and its bytes at the comm's best rate
+        e, cb = c
+        g = fast if e == "sm" else gemm
+        lb = links.beside() if e == "sm" else links
+        rate = lb.ce_gbps if e == "ce" else min(cb * lb.block_gbps, lb.nvlink_gbps if node_size > 1 else lb.ib_gbps)
+        return max(gemm_plain_us(tiles_m, tiles_n, cm, S.gemm_sms_for(budget_sms, cm, cb), g.tile_us),
+                   nbytes / (rate * 1e3))
+
+    fused: dict = {}
+    for c in sorted(cands, key=bound):   # (a candidate whose bound is no better than a result cannot win)
+        if fused and bound(c) >= min(fused.values()) * 0.995:
+            continue
+        e, cb = c
+        arr = ag_arrivals(world, node_size, rows, k * elem_bytes, cr, cb, links.beside() if e == "sm" else links, e)
+        fused[c] = ag_fused_us(arr, m, n, fast if e == "sm" else gemm, S.gemm_sms_for(budget_sms, cm, cb), swz,
+                               rows, cr)
+    best_c, best_us = pick([c for c in cands if c in fused], fused.__getitem__)
+    comm = ag_comm_us(world, node_size, rows, k * elem_bytes, cr, dec, links)
+    gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, S.gemm_sms_for(budget_sms, cm, best_c[1]), gemm.tile_us)
+    gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms, gemm.tile_us)
+    r = S.Result("ag_gemm", best_us, comm + gemm_all, comm, gemm_f, gemm_all, [best_us], {"model": "plan_fast"})
+    return S.Split(best_c[0], best_c[1], S.gemm_sms_for(budget_sms, cm, best_c[1]), swz), r
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GEMM + ReduceScatter
+@dataclasses.dataclass(frozen=True)
+class RsGeometry:
+    """What a GEMM+RS call with M = m reduces, seen from node 0 (the other nodes do the same, rotated): its GEMM's
+    M-tile order (`_schedule.rs_tile_order`, common to a node's PEs) and one entry per (M-tile, segment) of the
+    rows the segment's node-0 reducer sums: local index, rows, row units, whether the segment is node 0's own."""
+
+    world: int
+    node_size: int
+    m: int
+    n: int
+    elem_bytes: int
+    unit_rows: int
+    tile_m: int
+    tile_n: int
+    pos: np.ndarray      # per M-tile, its position in the order table
+    tile: np.ndarray     # per entry: M-tile, local index of its reducer, rows, units, own segment (0/1)
+    owner: np.ndarray
+    rows: np.ndarray
+    units: np.ndarray
+    own: np.ndarray
+    by_owner: np.ndarray  # entries by reducer (stable)
+    early: Optional[np.ndarray] = None  # a reduced geometry (`reduced`): entries before the dropped middle, and
+    middle: Optional[np.ndarray] = None  # per reducer the middle's row units, rows, own units, remote units / rows
+
+    @staticmethod
+    def of(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, tile_m: int,
+           tile_n: int) -> "RsGeometry":
+        ms, L = m // world, node_size
+        tiles_m = -(-m // tile_m)
+        # entries: the pieces of [0, m) between tile and segment boundaries
+        cuts = np.union1d(np.arange(0, m + 1, tile_m), np.arange(0, m + 1, ms))
+        cuts = np.append(cuts[cuts < m], m)
+        lo, hi = cuts[:-1], cuts[1:]
+        tile, seg = lo // tile_m, lo // ms
+        units = -(-hi // unit_rows) - lo // unit_rows
+        # node 0's tile order (`_schedule.rs_tile_order`): by the latest (phase, tile within the segment, index
+        # in the phase) of the tile's segments, then the tile
+        node = seg // L
+        phase = (node == 0).astype(np.int64)
+        index = np.where(node == 0, seg % L, (node - 1) * L + seg % L)
+        key = (phase * (tiles_m + 1) + (lo - seg * ms) // tile_m) * world + index
+        starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
+        order = np.argsort(np.maximum.reduceat(key, starts), kind="stable")
+        pos = np.empty(tiles_m, dtype=np.int64)
+        pos[order] = np.arange(tiles_m)
+        return RsGeometry(world, L, m, n, elem_bytes, unit_rows, tile_m, tile_n, pos, tile, seg % L, hi - lo, units,
+                          (node == 0).astype(np.int64), np.argsort(seg % L, kind="stable"))
+
+    @property
+    def order(self) -> list[int]:
+        """Node 0's M-tile order table."""
+        return np.argsort(self.pos).tolist()
+
+    def reduced(self, head: int, tail: int) -> "RsGeometry":
+        """This geometry without the entries of the tiles at order positions [head, tiles - tail) (a reduced
+        problem: a reducer's end is set by its first pieces, when it cannot keep up, or by the last few waves),
+        their totals kept per reducer for the work that follows the first pieces. head and tail: multiples of
+        16 tiles (8 cluster rows of 2, the widest swizzle group), so the middle completes between the two."""
+        p = self.pos[self.tile]
+        keep, early = (p < head) | (p >= len(self.pos) - tail), p < head
+        if keep.all():
+            return self
+        mid = ~keep
+        L = self.node_size
+        own = self.own if self.world > L else np.zeros_like(self.own)  # (final sums: several nodes only)
+        middle = np.stack([np.bincount(self.owner[mid], weights=x[mid], minlength=L)
+                           for x in (self.units, self.rows, self.units * own, self.units * (1 - own),
+                                     self.rows * (1 - own))]) if self.world > L else np.stack(
+            [np.bincount(self.owner[mid], weights=x[mid], minlength=L) for x in (self.units, self.rows)] +
+            [np.zeros(L)] * 3)
+        sub = {f: getattr(self, f)[keep] for f in ("tile", "owner", "rows", "units", "own")}
+        return dataclasses.replace(self, **sub, by_owner=np.argsort(sub["owner"], kind="stable"),
+                                   early=early[keep], middle=middle)
+
+
+def _unit_us(nb, sources: int, lk: S.Links):
+    """One reduce unit of nb bytes per source on one block (`simulate.rs_reduce`: its local traffic or its latency
+    floor); nb may be an array."""
+    return np.maximum((sources + 1) * nb / (lk.local_gbps * 1e3),
+                      lk.unit_us + -(-nb // 32768) * sources * lk.pass_latency_us)
+
+
+def _node_sum_us(nb, node_size: int, lk: S.Links):
+    """A node sum's unit: `_unit_us` of node_size sources, and with peers its loads at one block's rate."""
+    d = _unit_us(nb, node_size, lk)
+    return np.maximum(d, nb / (lk.block_gbps * 1e3) + lk.nvlink_latency_us) if node_size > 1 else d
+
+
+@dataclasses.dataclass(frozen=True)
+class RsSplit:
+    """A GEMM+RS candidate for `rs_estimates`: the GEMM's SMs and swizzle, the reduce kernel's blocks, the units'
+    width in N-tiles, the tail's pieces."""
+
+    gemm_sms: int
+    comm_blocks: int
+    swizzle: int
+    group_tiles: int
+    tail: int = 0
+
+
+def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_blocks: int,
+                 links: S.Links) -> np.ndarray:
+    """`simulate.simulate_gemm_rs`'s fused time of each split, in closed form, all splits at once (numpy over
+    [split, reducer's entries x groups]). `gemm` and `links` as they run beside each other (`Gemm.beside_comm`,
+    `Links.beside`).
+
+    A piece (M-tile, column group) completes with the work item of its row that holds the group's last N-tile
+    (`_schedule.gemm_items`), at the end of that item's wave. A reducer's comm blocks take its units in completion
+    order (`_schedule.rs_completion`), so it ends at the latest (piece done + the time its work from that piece on
+    takes: its units round-robin on the blocks at `_node_sum_us` each, or their loads on its NVLink ingress, with
+    one burst of `simulate._Net.gather`'s queues when every PE starts at once). Its final sums (several nodes)
+    follow its node sums and wait for the last node partial over IB (the other nodes' puts of its segment,
+    rotated: its own puts). The last `tail` pieces start when the GEMM ends, on tail_blocks blocks, while every
+    PE's tail loads meet on each peer's egress link."""
+    L, N, eb, lk = geo.node_size, geo.world // geo.node_size, geo.elem_bytes, links
+    cm, tn = gemm.cluster_m, -(-geo.n // geo.tile_n)
+    tiles_m = len(geo.pos)
+    rows_c = -(-tiles_m // cm)
+    C = np.array([gemm_clusters(tiles_m, tn, cm, sp.gemm_sms) for sp in splits])[:, None, None]
+    sw = np.array([max(1, min(sp.swizzle, rows_c)) for sp in splits])[:, None]
+    gt = np.array([sp.group_tiles for sp in splits])[:, None]
+    cb = np.array([sp.comm_blocks for sp in splits], dtype=float)[:, None]
+    groups = -(-tn // gt)
+    gmax = int(groups.max())
+    G = np.arange(gmax)[None, :]
+    valid = G < groups                                                    # [split, group]
+    e = geo.by_owner
+    owner, units_e, rows_e = geo.owner[e], geo.units[e], geo.rows[e]
+    own_e = geo.own[e] if N > 1 else np.zeros(len(e), dtype=np.int64)   # final sums: several nodes only
+    remote_e = 1 - geo.own[e] if N > 1 else own_e
+    pos = geo.pos[geo.tile[e]]
+    r = (pos // cm)[None, :]
+    gi = r // sw
+    base, nrows = gi * sw * tn + r - gi * sw, np.minimum(sw, rows_c - gi * sw)   # [split, entry]
+    w = base[:, :, None] + (np.minimum((G + 1) * gt, tn) - 1)[:, None, :] * nrows[:, :, None]
+    key = (w * tiles_m + pos[None, :, None]) * gmax + G[:, None, :]      # rs_completion's order
+    big = int(key.max()) + 1
+    key = np.where(valid[:, None, :], key, big)
+    K, ne = len(splits), len(e)
+    order = np.argsort((owner[None, :, None] * (big + 1) + key).reshape(K, -1), axis=1, kind="stable")
+    width = np.where(valid, np.minimum((G + 1) * gt * geo.tile_n, geo.n) - G * gt * geo.tile_n, 0)
+    nb = geo.unit_rows * width * eb
+    d_ns, d_fin = _node_sum_us(nb, L, lk), _unit_us(nb, N, lk)             # [split, group]
+    units = units_e[None, :, None] * valid[:, None, :]
+    loads = rows_e[None, :, None] * width[:, None, :] * eb
+    v = np.stack([(w // C + 1) * gemm.tile_us,
+                  units,
+                  units * (d_ns[:, None, :] + lk.put_issue_us * remote_e[None, :, None]),
+                  loads * (L - 1) / (lk.nvlink_gbps * 1e3),
+                  units * own_e[None, :, None],
+                  units * own_e[None, :, None] * d_fin[:, None, :],
+                  loads * remote_e[None, :, None] / (lk.ib_gbps * 1e3)]).reshape(7, K, -1)
+    v = np.take_along_axis(v, order[None], axis=2)
+    key = np.take_along_axis(key.reshape(K, -1), order, axis=1)
+    main = np.ones((K, ne * gmax))
+    for i, sp in enumerate(splits):                     # the last `tail` pieces of the completion order
+        if sp.tail:
+            pieces = np.unique(key[i][key[i] < big])
+            main[i] = key[i] < pieces[max(0, len(pieces) - sp.tail)]
+    first = np.searchsorted(owner, np.arange(L)) * gmax  # each reducer's first slot
+    at = np.repeat(np.arange(L), np.diff(np.append(first, ne * gmax)))
+
+    def suffix(x, mid=None):  # per slot, its reducer's sum of x from the slot on (and the dropped middle's)
+        cs = np.cumsum(x, axis=-1)
+        tot = np.add.reduceat(x, first, axis=-1)
+        out = tot[..., at] - (cs - x - (cs - x)[..., first][..., at])
+        return out if mid is None else out + mid[..., at] * early
+
+    mid = None
+    if geo.middle is not None:   # the dropped middle per [split, reducer]: units, block time, loads, finals, IB
+        early = np.take_along_axis(np.repeat(geo.early[e], gmax)[None, :].repeat(K, 0), order, axis=1)
+        mu, mr, mo, mrem, mrr = (x[None, :] for x in geo.middle)
+        ng, sd, sw_ = valid.sum(1, keepdims=True), (d_ns * valid).sum(1, keepdims=True), width.sum(1, keepdims=True)
+        mid = np.stack([mu * ng, mu * sd + mrem * ng * lk.put_issue_us, mr * sw_ * eb * (L - 1) / (lk.nvlink_gbps * 1e3),
+                        mo * ng, mo * (d_fin * valid).sum(1, keepdims=True), mrr * sw_ * eb / (lk.ib_gbps * 1e3)])
+
+    def per_pe(x, op=np.add):
+        return op.reduceat(x, first, axis=-1)
+
+    h = (2 * L - 3) / (L - 1) if L > 2 else 1.0
+    burst = ((h - 1) * (L - 1) * (nb * valid).sum(axis=1, keepdims=True) / valid.sum(axis=1, keepdims=True)
+             / (lk.nvlink_gbps * 1e3))                                   # per unit reduced at once, [split, 1]
+    span = (-(-(rows_c * tn) // C[:, :, 0]) * gemm.tile_us)               # [split, 1]
+    us, ws, ls = suffix(v[1:4] * main, None if mid is None else mid[:3])
+    t = v[0] + np.maximum(np.ceil(us / cb) * ws / np.maximum(us, 1), ls + burst * np.minimum(us, cb))
+    ends = np.maximum(per_pe(t * main, np.maximum), span)
+    fin_u, fin_t = per_pe(v[4] * main), per_pe(v[5] * main)
+    if mid is not None:
+        fin_u, fin_t = fin_u + mid[3], fin_t + mid[4]
+    ends += np.ceil(fin_u / cb) * fin_t / np.maximum(fin_u, 1)
+    if N > 1:  # my IB link carries my node partials of the other nodes' segments, in completion order
+        ib = v[6] * main
+        land = per_pe(np.where(ib > 0, v[0] + suffix(ib, None if mid is None else mid[5]), 0.0), np.maximum)
+        ends = np.maximum(ends, land + lk.ib_latency_us + d_fin.max(axis=1, keepdims=True))
+    tl = 1.0 - main
+    if tl.any():
+        tb = float(tail_blocks)
+        ut, wt, lt, ft, fw = per_pe(v[1:6] * tl)
+        e_tail = (lt.sum(axis=1, keepdims=True) - lt.min(axis=1, keepdims=True)) / max(L - 1, 1)
+        ends = np.where((ends > span) & (ut.sum(axis=1, keepdims=True) > 0), ends + e_tail, ends)
+        tail_end = span + np.maximum(np.maximum(np.ceil(ut / tb) * wt / np.maximum(ut, 1),
+                                                lt + burst * np.minimum(ut, tb)), np.where(ut > 0, e_tail, 0.0))
+        ends = np.maximum(ends, np.where(ut > 0, tail_end + np.ceil(ft / tb) * fw / np.maximum(ft, 1), 0.0))
+    return ends.max(axis=1)
+
+
+def rs_fused_us(geo: RsGeometry, gemm: S.Gemm, gemm_sms: int, comm_blocks: int, swizzle: int, group_tiles: int,
+                tail: int, tail_blocks: int, links: S.Links) -> float:
+    """`rs_estimates` of one split, for `gemm` and `links` as `simulate.simulate_gemm_rs` takes them."""
+    return float(rs_estimates(geo, gemm.beside_comm(links), [RsSplit(gemm_sms, comm_blocks, swizzle, group_tiles,
+                                                                      tail)], tail_blocks, links.beside())[0])
+
+
+def rs_comm_us(geo: RsGeometry, blocks: int, links: S.Links) -> float:
+    """`simulate._rs_comm_us` in closed form: the reduce-scatter alone (every partial in place, whole rows) on
+    `blocks` blocks per PE, units at `_unit_us` each, the PE's NVLink ingress carrying (node_size - 1) loads of
+    every unit with one burst of the queues of `simulate._Net.gather` (every PE starts at once), then for several
+    nodes the puts of the node partials over IB and the final sums."""
+    L, N, eb, lk = geo.node_size, geo.world // geo.node_size, geo.elem_bytes, links
+    nb = geo.unit_rows * geo.n * eb
+    d = float(_node_sum_us(nb, L, lk))
+    units = np.bincount(geo.owner, weights=geo.units, minlength=L)
+    rows = np.bincount(geo.owner, weights=geo.rows, minlength=L)
+    link = rows * geo.n * eb * (L - 1) / (lk.nvlink_gbps * 1e3)
+    h = (2 * L - 3) / (L - 1) if L > 2 else 1.0
+    burst = (h - 1) * (L - 1) * nb / (lk.nvlink_gbps * 1e3) * np.minimum(units, blocks)
+    remote_units = np.bincount(geo.owner, weights=geo.units * (1 - geo.own), minlength=L) if N > 1 else 0.0
+    t = np.maximum(np.ceil(units / blocks) * d + np.ceil(remote_units / blocks) * lk.put_issue_us, link + burst)
+    if N > 1:
+        own_units = np.bincount(geo.owner, weights=geo.units * geo.own, minlength=L)
+        ib = np.bincount(geo.owner, weights=geo.rows * (1 - geo.own), minlength=L) * geo.n * eb / (lk.ib_gbps * 1e3)
+        t = np.maximum(t, ib + d + lk.ib_latency_us) + np.ceil(own_units / blocks) * float(_unit_us(nb, N, lk))
+    return float(t.max())
+
+
+def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int, clusters: int) -> int:
+    """`simulate.rs_last_wave` from the last `clusters` work items alone: a piece is in the last wave when the item
+    of its row with its group's last N-tile is."""
+    rows = -(-tiles_m // cluster_m)
+    items = rows * tiles_n
+    s = max(1, min(swizzle, rows))
+    count = 0
+    for w in range(max(0, items - clusters), items):
+        g, idx = divmod(w, s * tiles_n)
+        nrows = min(s, rows - g * s)
+        r, nt = g * s + idx % nrows, idx // nrows
+        if nt == min((nt // group_tiles + 1) * group_tiles, tiles_n) - 1:
+            count += min(cluster_m, tiles_m - r * cluster_m)
+    return count
+
+
+REDUCED_TAIL_TILES = 64  # GEMM+RS estimates keep the last 64 tiles of the order (and the first of each segment)
+EVAL_BATCH = 8     # GEMM+RS candidates estimated at once (the best bounds first: later ones may then be skipped)
+TAIL_KINDS = ("none", "last wave", "last wave and a cluster row")
+
+
+def rs_tail(kind: int, tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int,
+            clusters: int) -> int:
+    """The tail's pieces for a tail kind (`plan_gemm_rs`'s choices: none, the GEMM's last wave, or that and one
+    cluster row more), at this M."""
+    if kind == 0:
+        return 0
+    wave = rs_last_wave(tiles_m, tiles_n, cluster_m, swizzle, group_tiles, clusters)
+    if kind == 1:
+        return wave
+    return min(wave + cluster_m * -(-tiles_n // group_tiles), tiles_m * -(-tiles_n // group_tiles))
+
+
+def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: S.Gemm,
+                 budget_sms: int, unit_rows: int, links: S.Links = S.Links(), comm_blocks: Optional[int] = None,
+                 decomposed_comm_blocks: Optional[int] = None,
+                 group_tiles: Optional[int] = None) -> tuple[S.Split, S.Result, int]:
+    """`simulate.plan_gemm_rs` from the closed-form model (`rs_estimate`), the same search: every (comm blocks,
+    swizzle, width) without a tail, then tails for the three fastest and the fastest with whole rows; within 0.5%
+    the simpler schedule. Candidates whose bound cannot win are skipped: the GEMM alone and, without a tail, a
+    wave plus the reducer's block time spread over its blocks. Returns (split, prediction, tail kind: an index of
+    TAIL_KINDS)."""
+    cm = gemm.cluster_m
+    all_sms = budget_sms // cm * cm
+    cands = S.split_candidates(("sm",), comm_blocks, budget_sms, cm, S.RS_COMM_BLOCKS)
+    dec = decomposed_comm_blocks or max([c for _, c in cands] or [S.RS_COMM_BLOCKS[-1]])
+    tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
+    geo = RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n)
+    comm = rs_comm_us(geo, dec, links)
+    # the first pieces of every segment and the last waves decide (tests/test_plan_fast.py: the same estimates)
+    geo = geo.reduced(-(-world // 16) * 16, REDUCED_TAIL_TILES)
+    tail_blocks = min(all_sms, 64)
+    g, lk = gemm.beside_comm(links), links.beside()
+    row_units = float(np.bincount(geo.owner, weights=geo.units).max())  # the busiest reducer's row units
+    bounds: dict = {}
+
+    def sms(cb: int) -> int:
+        return S.gemm_sms_for(budget_sms, cm, cb)
+
+    def bound(c) -> float:
+        if c not in bounds:
+            cb, sw, gt, kind = c
+            span = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), g.tile_us)
+            if not kind:
+                groups, rest = -(-tiles_n // gt), n - (tiles_n - 1) // gt * gt * gemm.tile_n
+                row = float(_node_sum_us(unit_rows * np.array([gt * gemm.tile_n, rest]) * elem_bytes, node_size,
+                                         lk) @ [groups - 1, 1])       # a row unit's time, all its groups
+                span = max(span, g.tile_us + row_units * row / cb)
+            bounds[c] = span
+        return bounds[c]
+
+    est: dict = {}
+
+    def evaluate(cs) -> None:
+        """Estimate the candidates in `cs` whose bound beats the best so far (in rounds: best bounds first)."""
+        todo = sorted(cs, key=bound)
+        while todo:
+            best = min(est.values()) if est else math.inf
+            todo = [c for c in todo if bound(c) < best / 0.995]
+            batch, todo = todo[:EVAL_BATCH], todo[EVAL_BATCH:]
+            if batch:
+                splits = [RsSplit(sms(cb), cb, sw, gt, rs_tail(kind, tiles_m, tiles_n, cm, sw, gt, sms(cb) // cm))
+                          for cb, sw, gt, kind in batch]
+                est.update(zip(batch, rs_estimates(geo, g, splits, tail_blocks, lk).tolist()))
+
+    shapes = [(cb, sw, gt, 0) for _, cb in cands
+              for sw, gt in S.rs_shapes(tiles_m, tiles_n, cm, max(1, sms(cb) // cm), group_tiles)]
+    evaluate(shapes)
+    # (shapes skipped above rank by their bound here: a tail may still make them win)
+    ranked = sorted(shapes, key=lambda c: est.get(c, bound(c)))
+    top = set(ranked[:3]) | set([c for c in ranked if c[1] == 1][:1])
+    evaluate([c[:3] + (kind,) for c in top for kind in (1, 2)])
+    (cb, sw, gt, kind), fused = pick(sorted(est, key=lambda c: (c[1], c[0], c[3])), est.__getitem__)
+    tail = rs_tail(kind, tiles_m, tiles_n, cm, sw, gt, sms(cb) // cm)
+    gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), gemm.tile_us)
+    gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms, gemm.tile_us)
+    r = S.Result("gemm_rs", fused, gemm_all + comm, comm, gemm_f, gemm_all, [fused], {"model": "plan_fast"})
+    split = S.Split("sm", cb, sms(cb), sw, tail, tail_blocks if tail else 0, gt)
+    return split, r, kind if tail else 0
