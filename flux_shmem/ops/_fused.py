@@ -182,6 +182,7 @@ class BucketPlan:
     tail_kind: int                  # plan_fast.TAIL_KINDS
     predicted: simulate.Result
     reason: str
+    shortlist: tuple = ()           # GEMM+RS: the best (comm blocks, swizzle, width), for plan_fast.rs_refine
 
 
 PLAN_BUCKETS = 1024  # bucket decisions kept per process (every op with the same inputs shares them)
@@ -199,15 +200,17 @@ def bucket_plan(inp: PlanInputs, bucket: plan_fast.Bucket, config: str) -> Bucke
             comm_blocks=inp.comm_blocks, decomposed_comm_blocks=inp.decomposed_comm_blocks)
         kind = 0
     else:
-        sp, r, kind = plan_fast.plan_gemm_rs(
+        rp = plan_fast.plan_gemm_rs(
             world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
             budget_sms=inp.budget_sms, unit_rows=inp.unit_rows, links=inp.links, comm_blocks=inp.comm_blocks,
             decomposed_comm_blocks=inp.decomposed_comm_blocks, group_tiles=inp.group_tiles)
+        sp, r, kind = rp.split, rp.predicted, rp.tail_kind
+    short = rp.shortlist if inp.family == "gemm_rs" else ()
     where = f"the model's prediction at M = {m} (bucket {bucket.lo}..{bucket.hi})"
     if inp.mode != "auto":
-        return BucketPlan(bucket, inp.mode, sp, kind, r, f"mode={inp.mode}; {where}")
+        return BucketPlan(bucket, inp.mode, sp, kind, r, f"mode={inp.mode}; {where}", short)
     path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
-    return BucketPlan(bucket, path, sp, kind, r, f"auto: {where}")
+    return BucketPlan(bucket, path, sp, kind, r, f"auto: {where}", short)
 
 
 def bucket_for(inp: PlanInputs, m: int, config: str) -> plan_fast.Bucket:
@@ -247,12 +250,27 @@ def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
         order = plan_fast.ag_call_order(inp.world, inp.node_size, m, inp.k, inp.elem_bytes, cfg.tile_m,
                                         inp.chunk_rows, inp.links, sp.engine, sp.comm_blocks, rank)
         return CallPlan("fused", sp.engine, sp.comm_blocks, sp.gemm_sms, swizzle, order, r, bp.reason, gemm=fused)
-    tiles_m, tiles_n = -(-m // cfg.tile_m), -(-inp.n // cfg.tile_n)
-    tail = plan_fast.rs_tail(bp.tail_kind, tiles_m, tiles_n, cfg.cluster_m, sp.swizzle, sp.group_tiles,
-                             sp.gemm_sms // cfg.cluster_m)
-    order = sch.rs_tile_order(rank, inp.world, inp.node_size, m, cfg.tile_m)
-    return CallPlan("fused", sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, bp.reason, tail,
-                    sp.tail_blocks if tail else 0, sp.group_tiles, gemm=fused)
+    sp = rs_split(inp, m, bp, fused.config)
+    order = plan_fast.rs_tile_order(rank, inp.world, inp.node_size, m, cfg.tile_m)
+    same = (sp.comm_blocks, sp.swizzle, sp.group_tiles) == (bp.split.comm_blocks, bp.split.swizzle,
+                                                            bp.split.group_tiles)
+    why = bp.reason if same else bp.reason + f"; this M's best of the bucket's {len(bp.shortlist)}"
+    return CallPlan("fused", sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why, sp.tail,
+                    sp.tail_blocks, sp.group_tiles, gemm=fused)
+
+
+def rs_split(inp: PlanInputs, m: int, bp: BucketPlan, config: str) -> simulate.Split:
+    """GEMMReduceScatter's split for this M. In a bucket of one tile count, the bucket's (its GEMM's waves are
+    M's), its tail's pieces counted at M; in a geometric bucket, the bucket's shortlist re-estimated at M with
+    every tail kind (the last wave, which decides the tail and the reduce units' shape, moves with M there)."""
+    sp, cfg = bp.split, registry.get(config)
+    if len(bp.bucket.key) > 1 or m == bp.bucket.rep:
+        tail = plan_fast.rs_tail(bp.tail_kind, -(-m // cfg.tile_m), -(-inp.n // cfg.tile_n), cfg.cluster_m,
+                                 sp.swizzle, sp.group_tiles, sp.gemm_sms // cfg.cluster_m)
+        return dataclasses.replace(sp, tail=tail, tail_blocks=sp.tail_blocks if tail else 0)
+    return plan_fast.rs_refine(world=inp.world, node_size=inp.node_size, m=m, n=inp.n, elem_bytes=inp.elem_bytes,
+                               gemm=gemm_model(inp.k, config), budget_sms=inp.budget_sms, unit_rows=inp.unit_rows,
+                               links=inp.links, shortlist=bp.shortlist)[0]
 
 
 class PlanCache:
@@ -307,6 +325,11 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._pinned) + len(self._lru)
+
+
+def capturing() -> bool:
+    """Whether the current stream captures a CUDA graph (False where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 PLAN_CACHE_ENV = "FLUX_SHMEM_PLAN_CACHE"
@@ -434,7 +457,7 @@ class FusedGEMM:
         key = (m, layout)
         plan = self._plans.get(key)
         if plan is not None:
-            if not self._plans.pinned(key) and (pin or torch.cuda.is_current_stream_capturing()):
+            if not self._plans.pinned(key) and (pin or capturing()):
                 self._plans.pin(key)
         else:
             not_capturing(f"{type(self).__name__} with M = {m}")
@@ -443,12 +466,15 @@ class FusedGEMM:
             except ValueError as e:
                 raise ValueError(f"{type(self).__name__}: {e} ({self.budget.source})") from None
             if plan.order is not None:
-                plan = dataclasses.replace(plan, order=torch.tensor(plan.order, dtype=torch.int32,
-                                                                    device=f"cuda:{self.rt.device}"))
+                plan = dataclasses.replace(plan, order=self._upload(plan.order))
             self._plans[key] = plan
             if pin:
                 self._plans.pin(key)
         return plan
+
+    def _upload(self, order: list[int]) -> torch.Tensor:
+        """A tile order table as the kernels read it (int32 on this PE's device)."""
+        return torch.tensor(order, dtype=torch.int32, device=f"cuda:{self.rt.device}")
 
     def prepare(self, ms, layouts=("nk",)) -> None:
         """Plan calls with every M of `ms` and B layouts `layouts` now: the planner's host time leaves the calls,

@@ -22,6 +22,7 @@ Everything here is a pure function of its arguments: every PE plans alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from typing import Optional, Sequence
@@ -70,8 +71,11 @@ def bucket_of(m: int, world: int, tile_m: int, linear_m: int) -> Bucket:
     key: tuple = (g,)
     if m < linear_m:
         t = -(-m // tile_m)
-        lo, hi = max(lo, -(-((t - 1) * tile_m + 1) // world) * world), min(hi, t * tile_m // world * world)
+        lo = max(lo, -(-((t - 1) * tile_m + 1) // world) * world)
+        hi = min(hi, t * tile_m // world * world, (linear_m - 1) // world * world)
         key = (g, t)
+    else:
+        lo = max(lo, -(-linear_m // world) * world)
     rep = min(hi, max(lo, round(math.sqrt(lo * hi) / world) * world))
     return Bucket(key, lo, hi, rep)
 
@@ -90,18 +94,18 @@ def first_item(row: int, rows: int, tiles_n: int, swizzle: int) -> int:
     return g * s * tiles_n + row - g * s
 
 
-def gemm_span(row_ready: Sequence[float], tiles_n: int, cluster_m: int, swizzle: int, sms: int,
-              tile_us: float) -> float:
+def gemm_span(row_ready, tiles_n: int, cluster_m: int, swizzle: int, sms: int, tile_us: float) -> float:
     """`simulate.run_gemm`'s makespan when cluster row r's A rows are there at row_ready[r]: cluster c walks items
     c, c + C, ..., each taking tile_us after both it and its rows are ready, so it ends at the latest
-    ready(item) + (its items from there on) * tile_us, and item w has ceil((items - w) / C) items from it on."""
+    ready(item) + (its items from there on) * tile_us, and item w has ceil((items - w) / C) items from it on
+    (a row's first item has the most)."""
     rows = len(row_ready)
     items = rows * tiles_n
     c = gemm_clusters(rows, tiles_n, 1, sms // cluster_m)
-    span = -(-items // c) * tile_us
-    for r, ready in enumerate(row_ready):
-        span = max(span, ready + -(-(items - first_item(r, rows, tiles_n, swizzle)) // c) * tile_us)
-    return span
+    s = max(1, min(swizzle, rows))
+    r = np.arange(rows)
+    first = r // s * s * tiles_n + r % s             # each row's first item (`first_item`)
+    return max(-(-items // c) * tile_us, float((np.asarray(row_ready) + -(-(items - first) // c) * tile_us).max()))
 
 
 def gemm_plain_us(tiles_m: int, tiles_n: int, cluster_m: int, sms: int, tile_us: float) -> float:
@@ -132,19 +136,19 @@ class AgArrivals:
 
     world: int
     node_size: int
-    at: list
+    at: np.ndarray       # [world, chunks]
     end: float
     sends: tuple = ()
 
-    def of(self, pe: int) -> list:
-        """PE pe's view: [shard][chunk] arrival times."""
+    def of(self, pe: int) -> np.ndarray:
+        """PE pe's view: arrival times [shard, chunk]."""
         L, N = self.node_size, self.world // self.node_size
-        n0, l0 = pe // L, pe % L
-        return [self.at[((s // L - n0) % N) * L + (s - l0) % L] for s in range(self.world)]
+        s = np.arange(self.world)
+        return self.at[((s // L - pe // L) % N) * L + (s - pe) % L]
 
     @property
     def last(self) -> float:
-        return max(max(v) for v in self.at)
+        return float(self.at.max())
 
 
 def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_rows: int, comm_blocks: int,
@@ -166,7 +170,7 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
             row = at[i]
             for c in range(chunks):
                 t = row[c] = t + nbs[c] / rate + links.nvlink_latency_us
-        return AgArrivals(world, world, at, t)
+        return AgArrivals(world, world, np.array(at), t)
     # PE 0's units in issue order (`_schedule.ag_units`): (kind, node step j, local step i, chunk); dealt to the
     # blocks round-robin; blocks run in time order (ties: lower block first), as `simulate._run_blocks` runs them.
     units = [(sch.LOCAL, 0, 0, c) for c in range(chunks)]
@@ -225,7 +229,7 @@ def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_row
         heapq.heappush(heap, (done, b))
     if parked:
         raise RuntimeError(f"all-gather model deadlock: {sorted(parked)[:4]}")
-    return AgArrivals(world, L, at, end, tuple(sends))
+    return AgArrivals(world, L, np.array(at), end, tuple(sends))
 
 
 def _send(eg: list, cls: int, issued: float, ready: float, nb: float, gbps: float, rate: float, lat: float, b: int,
@@ -243,25 +247,28 @@ def ag_last_at(arr: AgArrivals, d: int, links: S.Links) -> float:
     """When the last chunk lands at PE d with `simulate._Net`'s receiver queues: a transfer joins its receiver's
     link queue when the simulator processes it (issue time, then sender, then block), not when it starts, so a
     receiver that first hears of a late transfer queues its earlier ones behind it. PE 0 never does (its senders
-    issue in ring order); PE 1 does on one node. Senders' clocks are PE 0's (the delays do not feed back)."""
+    issue in ring order); PE 1 does on one node. Senders' clocks are PE 0's (the delays do not feed back, which
+    across nodes they do: there `ag_comm_us` asks the simulator where that is cheap)."""
     L, N = arr.node_size, arr.world // arr.node_size
     lat = (links.nvlink_latency_us, links.ib_latency_us)
     dn, dl = d // L, d % L
     incoming = sorted(((e[0], ((dn - e[7] // L) % N) * L + (dl - e[7]) % L, e[1]), e) for e in arr.sends)
     q = [0.0, 0.0]
     last = 0.0
-    for _, (issued, b, start, dur, eg_end, floor, cls, dest, key) in incoming:
+    for _, (issued, b, start, dur, eg_end, floor, cls, dest, what) in incoming:
         q[cls] = max(q[cls], start) + dur
         t = max(eg_end, q[cls], floor) + lat[cls]
-        if key[0] == "put":  # accepted by my own block, then forwarded: by the canonical times, or later
-            t = max(t + links.put_issue_us, arr.at[key[1] * L][key[2]])
+        if what[0] == "put":  # accepted by my own block, then forwarded: by the canonical times, or later
+            t = max(t + links.put_issue_us, float(arr.at[what[1] * L, what[2]]))
         last = max(last, t)
     return max(last, arr.last)
 
 
-DECIDE_UNITS = 400    # all-gather units per PE the sweeps of a bucket's decisions walk at most (chunks merged above)
-ORDER_UNITS = 800     # ... the sweep of a call's M-tile order
-QUEUE_WORK = 4000     # transfers x receivers `ag_last_at` replays at most (beyond: the symmetric view)
+DECIDE_UNITS = 300    # all-gather units per PE each candidate's sweep walks at most (chunks merged above)
+ORDER_UNITS = 600     # ... the sweep of a call's M-tile order, and of the decomposed path's all-gather across nodes
+#                       (where the forwards' pipelining needs the finer chunks)
+QUEUE_WORK = 1200     # transfers x receivers `ag_last_at` replays at most (beyond: the symmetric view)
+SIM_TRANSFERS = 400   # all-gather units of all PEs `ag_comm_us` has the simulator run at most
 
 
 def model_chunk_rows(world: int, node_size: int, rows: int, chunk_rows: int, max_units: int) -> int:
@@ -276,36 +283,39 @@ def model_chunk_rows(world: int, node_size: int, rows: int, chunk_rows: int, max
 
 def ag_comm_us(world: int, node_size: int, rows: int, row_bytes: int, chunk_rows: int, blocks: int,
                links: S.Links) -> float:
-    """The all-gather alone (the decomposed path's communication): when its last chunk lands anywhere, on the
-    receivers `simulate._Net`'s queues delay most (all of one node; the first ones of the next node, where puts
-    and forwards meet), where replaying them is cheap; elsewhere the queueing is small next to the transfers."""
-    arr = ag_arrivals(world, node_size, rows, row_bytes, chunk_rows, blocks, links, "sm", record=True)
-    L = node_size
-    pes = range(world) if world == L else sorted({d for d in (1, 2, L - 1, L, L + 1, L + 2) if d < world})
+    """The all-gather alone (the decomposed path's communication): when its last chunk lands anywhere. On one node
+    the receivers' queues of `simulate._Net` are replayed (`ag_last_at`) where that is cheap. Across nodes their
+    delays also feed back into the senders: a small problem (a few hundred transfers) is simulated
+    (`simulate.ag_arrivals`), a larger one replays the receivers where puts and forwards meet (nodes 0 and 1), and
+    a large one, where those delays are small next to the transfers, takes the symmetric view."""
+    L, N = node_size, world // node_size
+    chunks = -(-rows // chunk_rows)
+    if N > 1 and world * chunks * (world + (N - 1) * L) <= SIM_TRANSFERS:
+        arr, _ = S.ag_arrivals(world, L, rows, row_bytes, chunk_rows, blocks, links, "sm")
+        return max(max(a.values()) for a in arr)
+    arr = ag_arrivals(world, L, rows, row_bytes, chunk_rows, blocks, links, "sm", record=True)
+    pes = range(world) if N == 1 else sorted({d for d in (1, 2, L - 1, L, L + 1, L + 2) if d < world})
     if len(arr.sends) * len(pes) > QUEUE_WORK:
         return arr.last
     return max(ag_last_at(arr, d, links) for d in pes)
 
 
-def ag_tile_ready(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> list[float]:
-    """When each M-tile's rows are all at PE `pe` (`_schedule.tile_chunks`)."""
-    view = arr.of(pe)
-    out = []
-    for t in range(-(-m // tile_m)):
-        lo, hi = t * tile_m, min(m, (t + 1) * tile_m)
-        ready = 0.0
-        for s in range(lo // rows, (hi - 1) // rows + 1):
-            a, b = max(lo, s * rows) - s * rows, min(hi, (s + 1) * rows) - s * rows
-            last = max(view[s][a // chunk_rows:(b - 1) // chunk_rows + 1])
-            ready = ready if ready > last else last
-        out.append(ready)
-    return out
+def ag_tile_ready(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> np.ndarray:
+    """When each M-tile's rows are all at PE `pe` (`_schedule.tile_chunks`): the latest of the chunks its rows
+    span, which are consecutive in (shard, chunk) order."""
+    view = arr.of(pe).ravel()
+    chunks = arr.at.shape[1]
+    lo = np.arange(0, m, tile_m)
+    hi = np.minimum(lo + tile_m, m) - 1
+
+    def flat(r):
+        return r // rows * chunks + r % rows // chunk_rows
+    return np.maximum(np.maximum.reduceat(view, flat(lo)), view[flat(hi)])
 
 
 def ag_order(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> list[int]:
     """PE `pe`'s M-tile order table: tiles by when their rows arrive, ties in row order (`_schedule.ag_tile_order`)."""
-    ready = ag_tile_ready(arr, pe, m, tile_m, rows, chunk_rows)
-    return sorted(range(len(ready)), key=lambda t: (ready[t], t))
+    return np.argsort(ag_tile_ready(arr, pe, m, tile_m, rows, chunk_rows), kind="stable").tolist()
 
 
 def ag_call_order(world: int, node_size: int, m: int, k: int, elem_bytes: int, tile_m: int, chunk_rows: int,
@@ -323,10 +333,9 @@ def ag_fused_us(arr: AgArrivals, m: int, n: int, gemm: S.Gemm, gemm_sms: int, sw
                 chunk_rows: int) -> float:
     """PE 0's fused time: its GEMM walking tiles in arrival order, waiting for their rows, and its comm kernel."""
     ready = ag_tile_ready(arr, 0, m, gemm.tile_m, rows, chunk_rows)
-    order = sorted(range(len(ready)), key=lambda t: (ready[t], t))
-    cm = gemm.cluster_m
-    row_ready = [max(ready[t] for t in order[r:r + cm]) for r in range(0, len(order), cm)]
-    return max(arr.end, gemm_span(row_ready, -(-n // gemm.tile_n), cm, swizzle, gemm_sms, gemm.tile_us))
+    ready = ready[np.argsort(ready, kind="stable")]
+    row_ready = np.maximum.reduceat(ready, np.arange(0, len(ready), gemm.cluster_m))
+    return max(arr.end, gemm_span(row_ready, -(-n // gemm.tile_n), gemm.cluster_m, swizzle, gemm_sms, gemm.tile_us))
 
 
 def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: S.Gemm,
@@ -362,7 +371,8 @@ def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
         fused[c] = ag_fused_us(arr, m, n, fast if e == "sm" else gemm, S.gemm_sms_for(budget_sms, cm, cb), swz,
                                rows, cr)
     best_c, best_us = pick([c for c in cands if c in fused], fused.__getitem__)
-    comm = ag_comm_us(world, node_size, rows, k * elem_bytes, cr, dec, links)
+    comm = ag_comm_us(world, node_size, rows, k * elem_bytes, cr if world == node_size else
+                      model_chunk_rows(world, node_size, rows, chunk_rows, ORDER_UNITS), dec, links)
     gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, S.gemm_sms_for(budget_sms, cm, best_c[1]), gemm.tile_us)
     gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms, gemm.tile_us)
     r = S.Result("ag_gemm", best_us, comm + gemm_all, comm, gemm_f, gemm_all, [best_us], {"model": "plan_fast"})
@@ -400,22 +410,11 @@ class RsGeometry:
            tile_n: int) -> "RsGeometry":
         ms, L = m // world, node_size
         tiles_m = -(-m // tile_m)
-        # entries: the pieces of [0, m) between tile and segment boundaries
-        cuts = np.union1d(np.arange(0, m + 1, tile_m), np.arange(0, m + 1, ms))
-        cuts = np.append(cuts[cuts < m], m)
-        lo, hi = cuts[:-1], cuts[1:]
-        tile, seg = lo // tile_m, lo // ms
+        lo, hi, tile, seg = _cuts(m, world, tile_m)   # entries: one per (tile, segment)
         units = -(-hi // unit_rows) - lo // unit_rows
-        # node 0's tile order (`_schedule.rs_tile_order`): by the latest (phase, tile within the segment, index
-        # in the phase) of the tile's segments, then the tile
         node = seg // L
-        phase = (node == 0).astype(np.int64)
-        index = np.where(node == 0, seg % L, (node - 1) * L + seg % L)
-        key = (phase * (tiles_m + 1) + (lo - seg * ms) // tile_m) * world + index
-        starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
-        order = np.argsort(np.maximum.reduceat(key, starts), kind="stable")
         pos = np.empty(tiles_m, dtype=np.int64)
-        pos[order] = np.arange(tiles_m)
+        pos[_rs_order(0, world, L, tile_m, ms, lo, tile, seg)] = np.arange(tiles_m)
         return RsGeometry(world, L, m, n, elem_bytes, unit_rows, tile_m, tile_n, pos, tile, seg % L, hi - lo, units,
                           (node == 0).astype(np.int64), np.argsort(seg % L, kind="stable"))
 
@@ -446,17 +445,48 @@ class RsGeometry:
                                    early=early[keep], middle=middle)
 
 
+def _cuts(m: int, world: int, tile_m: int) -> tuple:
+    """The pieces of [0, m) between tile and segment boundaries: (their first rows, last rows + 1, tiles, segments)."""
+    ms = m // world
+    cuts = np.union1d(np.arange(0, m + 1, tile_m), np.arange(0, m + 1, ms))
+    cuts = np.append(cuts[cuts < m], m)
+    lo, hi = cuts[:-1], cuts[1:]
+    return lo, hi, lo // tile_m, lo // ms
+
+
+def _rs_order(pe: int, world: int, node_size: int, tile_m: int, ms: int, lo, tile, seg) -> np.ndarray:
+    """`_schedule.rs_tile_order` from the tile/segment pieces: tiles by the latest (phase, tile within the segment,
+    index in the phase) of their segments, then by tile."""
+    L, N = node_size, world // node_size
+    j = (seg // L - pe // L) % N                                   # nodes after mine (0: my own)
+    phase, index = (j == 0).astype(np.int64), np.where(j == 0, seg % L, (j - 1) * L + seg % L)
+    key = (phase * (int(tile[-1]) + 2) + (lo - seg * ms) // tile_m) * world + index
+    starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
+    return np.argsort(np.maximum.reduceat(key, starts), kind="stable")
+
+
+def rs_tile_order(pe: int, world: int, node_size: int, m: int, tile_m: int) -> list[int]:
+    """`_schedule.rs_tile_order`, vectorized (a call's order at large M in well under a millisecond)."""
+    if m <= 0 or tile_m <= 0 or m % world:
+        raise ValueError(f"m={m} must be a positive multiple of world={world}; tile_m={tile_m} positive")
+    lo, _, tile, seg = _cuts(m, world, tile_m)
+    return _rs_order(pe, world, node_size, tile_m, m // world, lo, tile, seg).tolist()
+
+
 def _unit_us(nb, sources: int, lk: S.Links):
     """One reduce unit of nb bytes per source on one block (`simulate.rs_reduce`: its local traffic or its latency
-    floor); nb may be an array."""
-    return np.maximum((sources + 1) * nb / (lk.local_gbps * 1e3),
-                      lk.unit_us + -(-nb // 32768) * sources * lk.pass_latency_us)
+    floor); nb an int or an array."""
+    mx = max if isinstance(nb, int) else np.maximum
+    return mx((sources + 1) * nb / (lk.local_gbps * 1e3), lk.unit_us + -(-nb // 32768) * sources * lk.pass_latency_us)
 
 
 def _node_sum_us(nb, node_size: int, lk: S.Links):
     """A node sum's unit: `_unit_us` of node_size sources, and with peers its loads at one block's rate."""
     d = _unit_us(nb, node_size, lk)
-    return np.maximum(d, nb / (lk.block_gbps * 1e3) + lk.nvlink_latency_us) if node_size > 1 else d
+    if node_size == 1:
+        return d
+    mx = max if isinstance(nb, int) else np.maximum
+    return mx(d, nb / (lk.block_gbps * 1e3) + lk.nvlink_latency_us)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,11 +510,11 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     A piece (M-tile, column group) completes with the work item of its row that holds the group's last N-tile
     (`_schedule.gemm_items`), at the end of that item's wave. A reducer's comm blocks take its units in completion
     order (`_schedule.rs_completion`), so it ends at the latest (piece done + the time its work from that piece on
-    takes: its units round-robin on the blocks at `_node_sum_us` each, or their loads on its NVLink ingress, with
-    one burst of `simulate._Net.gather`'s queues when every PE starts at once). Its final sums (several nodes)
-    follow its node sums and wait for the last node partial over IB (the other nodes' puts of its segment,
-    rotated: its own puts). The last `tail` pieces start when the GEMM ends, on tail_blocks blocks, while every
-    PE's tail loads meet on each peer's egress link."""
+    takes: its units round-robin on the blocks at `_node_sum_us` each, or their loads on its NVLink ingress). Its
+    final sums (several nodes) follow its node sums and wait for the last node partial over IB (the other nodes'
+    puts of its segment, rotated: its own puts). The last `tail` pieces start when the GEMM ends, on tail_blocks
+    blocks, with the burst of `simulate._Net.gather`'s queues that PEs starting at once meet, while every PE's
+    tail loads also pass each peer's egress link."""
     L, N, eb, lk = geo.node_size, geo.world // geo.node_size, geo.elem_bytes, links
     cm, tn = gemm.cluster_m, -(-geo.n // geo.tile_n)
     tiles_m = len(geo.pos)
@@ -514,34 +544,42 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     width = np.where(valid, np.minimum((G + 1) * gt * geo.tile_n, geo.n) - G * gt * geo.tile_n, 0)
     nb = geo.unit_rows * width * eb
     d_ns, d_fin = _node_sum_us(nb, L, lk), _unit_us(nb, N, lk)             # [split, group]
-    units = units_e[None, :, None] * valid[:, None, :]
-    loads = rows_e[None, :, None] * width[:, None, :] * eb
-    v = np.stack([(w // C + 1) * gemm.tile_us,
-                  units,
-                  units * (d_ns[:, None, :] + lk.put_issue_us * remote_e[None, :, None]),
-                  loads * (L - 1) / (lk.nvlink_gbps * 1e3),
-                  units * own_e[None, :, None],
-                  units * own_e[None, :, None] * d_fin[:, None, :],
-                  loads * remote_e[None, :, None] / (lk.ib_gbps * 1e3)]).reshape(7, K, -1)
-    v = np.take_along_axis(v, order[None], axis=2)
-    key = np.take_along_axis(key.reshape(K, -1), order, axis=1)
+    # the slots in completion order: their entries, groups and values (gathers from the small per-entry and
+    # per-[split, group] arrays)
+    ent, grp = order // gmax, order % gmax
+    sp_idx = np.arange(K)[:, None]
+    flat = (order + sp_idx * order.shape[1]).ravel()
+    units = (units_e[ent] * valid[sp_idx, grp]).astype(float)
+    loads = rows_e[ent] * width[sp_idx, grp] * eb
+    rows = [(w.reshape(-1)[flat].reshape(K, -1) // C[:, :, 0] + 1) * gemm.tile_us, units,
+            units * (d_ns[sp_idx, grp] + lk.put_issue_us * remote_e[ent]),
+            loads * (L - 1) / (lk.nvlink_gbps * 1e3)]
+    if N > 1:  # final sums (units, time) and the IB link's time
+        rows += [units * own_e[ent], units * own_e[ent] * d_fin[sp_idx, grp],
+                 loads * remote_e[ent] / (lk.ib_gbps * 1e3)]
+    v = np.stack(rows)
+    tails = [i for i, sp in enumerate(splits) if sp.tail]
     main = np.ones((K, ne * gmax))
-    for i, sp in enumerate(splits):                     # the last `tail` pieces of the completion order
-        if sp.tail:
-            pieces = np.unique(key[i][key[i] < big])
-            main[i] = key[i] < pieces[max(0, len(pieces) - sp.tail)]
+    if tails:  # the last `tail` pieces of the completion order: keys from the tail-th largest distinct one on
+        keys = key.reshape(K, -1)[tails]
+        srt = np.sort(keys, axis=1)[:, ::-1]
+        new_piece = np.c_[srt[:, :1] < big, (srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] < big)]
+        nth = np.cumsum(new_piece, axis=1)                # distinct pieces from the end, at each sorted slot
+        want = np.array([splits[i].tail for i in tails])[:, None]
+        thr = srt[np.arange(len(tails)), np.minimum((nth < want).sum(axis=1), srt.shape[1] - 1)]
+        main[tails] = key.reshape(-1)[flat].reshape(K, -1)[tails] < thr[:, None]
     first = np.searchsorted(owner, np.arange(L)) * gmax  # each reducer's first slot
-    at = np.repeat(np.arange(L), np.diff(np.append(first, ne * gmax)))
+    counts = np.diff(np.append(first, ne * gmax))        # slots per reducer
 
     def suffix(x, mid=None):  # per slot, its reducer's sum of x from the slot on (and the dropped middle's)
-        cs = np.cumsum(x, axis=-1)
-        tot = np.add.reduceat(x, first, axis=-1)
-        out = tot[..., at] - (cs - x - (cs - x)[..., first][..., at])
-        return out if mid is None else out + mid[..., at] * early
+        before = np.cumsum(x, axis=-1) - x                                  # everything before the slot
+        end = before[..., first] + np.add.reduceat(x, first, axis=-1)      # ... before each reducer's end
+        out = np.repeat(end if mid is None else end + mid, counts, axis=-1) - before
+        return out if mid is None else out - np.repeat(mid, counts, axis=-1) * (1 - early)
 
     mid = None
     if geo.middle is not None:   # the dropped middle per [split, reducer]: units, block time, loads, finals, IB
-        early = np.take_along_axis(np.repeat(geo.early[e], gmax)[None, :].repeat(K, 0), order, axis=1)
+        early = np.repeat(geo.early[e], gmax)[order]
         mu, mr, mo, mrem, mrr = (x[None, :] for x in geo.middle)
         ng, sd, sw_ = valid.sum(1, keepdims=True), (d_ns * valid).sum(1, keepdims=True), width.sum(1, keepdims=True)
         mid = np.stack([mu * ng, mu * sd + mrem * ng * lk.put_issue_us, mr * sw_ * eb * (L - 1) / (lk.nvlink_gbps * 1e3),
@@ -554,26 +592,36 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     burst = ((h - 1) * (L - 1) * (nb * valid).sum(axis=1, keepdims=True) / valid.sum(axis=1, keepdims=True)
              / (lk.nvlink_gbps * 1e3))                                   # per unit reduced at once, [split, 1]
     span = (-(-(rows_c * tn) // C[:, :, 0]) * gemm.tile_us)               # [split, 1]
-    us, ws, ls = suffix(v[1:4] * main, None if mid is None else mid[:3])
-    t = v[0] + np.maximum(np.ceil(us / cb) * ws / np.maximum(us, 1), ls + burst * np.minimum(us, cb))
-    ends = np.maximum(per_pe(t * main, np.maximum), span)
-    fin_u, fin_t = per_pe(v[4] * main), per_pe(v[5] * main)
-    if mid is not None:
-        fin_u, fin_t = fin_u + mid[3], fin_t + mid[4]
-    ends += np.ceil(fin_u / cb) * fin_t / np.maximum(fin_u, 1)
-    if N > 1:  # my IB link carries my node partials of the other nodes' segments, in completion order
-        ib = v[6] * main
-        land = per_pe(np.where(ib > 0, v[0] + suffix(ib, None if mid is None else mid[5]), 0.0), np.maximum)
+    us, ws, ls = suffix(v[1:4] * main if tails else v[1:4], None if mid is None else mid[:3])
+    t = v[0] + np.maximum(np.ceil(us / cb) * ws / np.maximum(us, 1), ls)
+    ends = np.maximum(per_pe(t * main if tails else t, np.maximum), span)
+    if N > 1:
+        fin_u, fin_t = per_pe(v[4] * main), per_pe(v[5] * main)
+        if mid is not None:
+            fin_u, fin_t = fin_u + mid[3], fin_t + mid[4]
+        ends += np.ceil(fin_u / cb) * fin_t / np.maximum(fin_u, 1)
+        ib = v[6] * main  # my IB link carries my node partials of the other nodes' segments, in completion order
+        done = v[0] + v[2] / np.maximum(v[1], 1)       # the piece's node sum, then the puts from there on
+        land = per_pe(np.where(ib > 0, done + suffix(ib, None if mid is None else mid[5]), 0.0), np.maximum)
         ends = np.maximum(ends, land + lk.ib_latency_us + d_fin.max(axis=1, keepdims=True))
-    tl = 1.0 - main
-    if tl.any():
-        tb = float(tail_blocks)
-        ut, wt, lt, ft, fw = per_pe(v[1:6] * tl)
+    if tails:
+        tb, tl = float(tail_blocks), 1.0 - main
+        ut, wt, lt = per_pe(v[1:4] * tl)
+        ft, fw = per_pe(v[4:6] * tl) if N > 1 else (np.zeros_like(ut), np.zeros_like(ut))
         e_tail = (lt.sum(axis=1, keepdims=True) - lt.min(axis=1, keepdims=True)) / max(L - 1, 1)
         ends = np.where((ends > span) & (ut.sum(axis=1, keepdims=True) > 0), ends + e_tail, ends)
+        # the PEs with a tail start it at once: their loads queue on every peer's egress, the burst of all PEs at
+        # once (`rs_comm_us`) when all have a tail, much less when few have (the cube of the share of the other
+        # PEs: fitted to simulate_gemm_rs on the Llama-3-70B down projection, tests/test_plan_fast.py)
+        busy = ((ut > 0).sum(axis=1, keepdims=True) - 1) / max(L - 1, 1)
         tail_end = span + np.maximum(np.maximum(np.ceil(ut / tb) * wt / np.maximum(ut, 1),
-                                                lt + burst * np.minimum(ut, tb)), np.where(ut > 0, e_tail, 0.0))
+                                                lt + busy ** 3 * burst * np.minimum(ut, tb)),
+                                     np.where(ut > 0, e_tail, 0.0))
         ends = np.maximum(ends, np.where(ut > 0, tail_end + np.ceil(ft / tb) * fw / np.maximum(ft, 1), 0.0))
+        if N > 1:  # the tail's node partials of other nodes' segments go over IB before their final sums
+            ib_t = per_pe(v[6] * tl)
+            land = tail_end + ib_t + lk.ib_latency_us + d_fin.max(axis=1, keepdims=True)
+            ends = np.maximum(ends, np.where(ib_t > 0, land, 0.0))
     return ends.max(axis=1)
 
 
@@ -606,6 +654,7 @@ def rs_comm_us(geo: RsGeometry, blocks: int, links: S.Links) -> float:
     return float(t.max())
 
 
+@functools.lru_cache(maxsize=4096)
 def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int, clusters: int) -> int:
     """`simulate.rs_last_wave` from the last `clusters` work items alone: a piece is in the last wave when the item
     of its row with its group's last N-tile is."""
@@ -622,8 +671,9 @@ def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group
     return count
 
 
-REDUCED_TAIL_TILES = 64  # GEMM+RS estimates keep the last 64 tiles of the order (and the first of each segment)
-EVAL_BATCH = 8     # GEMM+RS candidates estimated at once (the best bounds first: later ones may then be skipped)
+REDUCED_WAVES = 4  # GEMM+RS estimates keep the tiles of the GEMM's last 4 waves (at least 32) and the first of each
+#                    segment (`RsGeometry.reduced`)
+EVAL_BATCH = 12     # GEMM+RS candidates estimated at once (the best bounds first: later ones may then be skipped)
 TAIL_KINDS = ("none", "last wave", "last wave and a cluster row")
 
 
@@ -639,28 +689,52 @@ def rs_tail(kind: int, tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int,
     return min(wave + cluster_m * -(-tiles_n // group_tiles), tiles_m * -(-tiles_n // group_tiles))
 
 
+def reduced_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, gemm: S.Gemm,
+                     budget_sms: int) -> RsGeometry:
+    """The geometry the estimates need: each reducer's first piece (in the order's first node_size tiles) and the
+    tiles of the GEMM's last REDUCED_WAVES waves (at least 32) decide (`RsGeometry.reduced`; tests/test_plan_fast.py:
+    the same estimates)."""
+    geo = RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n)
+    wave_tiles = -(-(budget_sms // gemm.cluster_m) // -(-n // gemm.tile_n)) * gemm.cluster_m
+    return geo.reduced(-(-node_size // 16) * 16, -(-max(32, REDUCED_WAVES * wave_tiles) // 16) * 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class RsPlan:
+    """`plan_gemm_rs`'s choice: the split, its prediction (and the decomposed path's), its tail kind (an index of
+    TAIL_KINDS) and the (comm blocks, swizzle, width) of the best few splits, the chosen first."""
+
+    split: S.Split
+    predicted: S.Result
+    tail_kind: int
+    shortlist: tuple
+
+
+SHORTLIST = 4  # GEMM+RS shapes a bucket keeps for `rs_refine` to choose among per M
+
+
 def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: S.Gemm,
                  budget_sms: int, unit_rows: int, links: S.Links = S.Links(), comm_blocks: Optional[int] = None,
-                 decomposed_comm_blocks: Optional[int] = None,
-                 group_tiles: Optional[int] = None) -> tuple[S.Split, S.Result, int]:
-    """`simulate.plan_gemm_rs` from the closed-form model (`rs_estimate`), the same search: every (comm blocks,
+                 decomposed_comm_blocks: Optional[int] = None, group_tiles: Optional[int] = None) -> RsPlan:
+    """`simulate.plan_gemm_rs` from the closed-form model (`rs_estimates`), the same search: every (comm blocks,
     swizzle, width) without a tail, then tails for the three fastest and the fastest with whole rows; within 0.5%
     the simpler schedule. Candidates whose bound cannot win are skipped: the GEMM alone and, without a tail, a
-    wave plus the reducer's block time spread over its blocks. Returns (split, prediction, tail kind: an index of
-    TAIL_KINDS)."""
+    wave plus the reducer's block time spread over its blocks."""
     cm = gemm.cluster_m
     all_sms = budget_sms // cm * cm
     cands = S.split_candidates(("sm",), comm_blocks, budget_sms, cm, S.RS_COMM_BLOCKS)
     dec = decomposed_comm_blocks or max([c for _, c in cands] or [S.RS_COMM_BLOCKS[-1]])
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
-    geo = RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n)
-    comm = rs_comm_us(geo, dec, links)
-    # the first pieces of every segment and the last waves decide (tests/test_plan_fast.py: the same estimates)
-    geo = geo.reduced(-(-world // 16) * 16, REDUCED_TAIL_TILES)
+    comm = rs_comm_us(RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n), dec,
+                      links)
+    geo = reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm, budget_sms)
     tail_blocks = min(all_sms, 64)
     g, lk = gemm.beside_comm(links), links.beside()
     row_units = float(np.bincount(geo.owner, weights=geo.units).max())  # the busiest reducer's row units
     bounds: dict = {}
+
+    def unit(nb: int) -> float:
+        return float(_node_sum_us(nb, node_size, lk))
 
     def sms(cb: int) -> int:
         return S.gemm_sms_for(budget_sms, cm, cb)
@@ -669,10 +743,9 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
         if c not in bounds:
             cb, sw, gt, kind = c
             span = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), g.tile_us)
-            if not kind:
+            if not kind:  # a row unit's time, all its groups
                 groups, rest = -(-tiles_n // gt), n - (tiles_n - 1) // gt * gt * gemm.tile_n
-                row = float(_node_sum_us(unit_rows * np.array([gt * gemm.tile_n, rest]) * elem_bytes, node_size,
-                                         lk) @ [groups - 1, 1])       # a row unit's time, all its groups
+                row = (groups - 1) * unit(unit_rows * gt * gemm.tile_n * elem_bytes) + unit(unit_rows * rest * elem_bytes)
                 span = max(span, g.tile_us + row_units * row / cb)
             bounds[c] = span
         return bounds[c]
@@ -703,5 +776,40 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), gemm.tile_us)
     gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms, gemm.tile_us)
     r = S.Result("gemm_rs", fused, gemm_all + comm, comm, gemm_f, gemm_all, [fused], {"model": "plan_fast"})
-    split = S.Split("sm", cb, sms(cb), sw, tail, tail_blocks if tail else 0, gt)
-    return split, r, kind if tail else 0
+    # the shortlist: the choice, the runner-up shape of its comm blocks, and the best shape of each other comm
+    # blocks count (the GEMM's wave quantization, which differs per count, moves with M inside a bucket)
+    shapes_by_us = list(dict.fromkeys(c[:3] for c in sorted(est, key=est.__getitem__)))
+    mine = [c for c in shapes_by_us if c[0] == cb and c != (cb, sw, gt)][:1]
+    others = list({c[0]: c for c in reversed(shapes_by_us) if c[0] != cb}.values())
+    others.sort(key=shapes_by_us.index)
+    shortlist = tuple([(cb, sw, gt)] + mine + others)[:SHORTLIST]
+    return RsPlan(S.Split("sm", cb, sms(cb), sw, tail, tail_blocks if tail else 0, gt), r, kind if tail else 0,
+                  shortlist)
+
+
+def rs_refine(*, world: int, node_size: int, m: int, n: int, elem_bytes: int, gemm: S.Gemm, budget_sms: int,
+              unit_rows: int, links: S.Links, shortlist: Sequence[tuple]) -> tuple[S.Split, int]:
+    """The split for this very M among a bucket's shortlisted (comm blocks, swizzle, width), each without a tail
+    and with the last wave's (the first, the bucket's choice, with the longer tail too), in one `rs_estimates`
+    batch: the GEMM's last wave, which decides the tail and the reduce units' shape, changes with M inside a
+    bucket. Returns (split, tail kind)."""
+    cm = gemm.cluster_m
+    tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
+    rows = -(-tiles_m // cm)
+    tail_blocks = min(budget_sms // cm * cm, 64)
+    cands = []
+    for i, (cb, sw, gt) in enumerate(shortlist):
+        sw = min(sw, 1 << (rows.bit_length() - 1))  # (a swizzle group never exceeds the M-tiles' cluster rows)
+        for kind in ((0, 1, 2) if i == 0 else (0, 1)):  # (the longer tail: for the bucket's choice)
+            c = (cb, sw, gt, kind)
+            if c not in cands:
+                cands.append(c)
+    geo = reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm, budget_sms)
+    sms = {cb: S.gemm_sms_for(budget_sms, cm, cb) for cb, _, _ in shortlist}
+    tails = {c: rs_tail(c[3], tiles_m, tiles_n, cm, c[1], c[2], sms[c[0]] // cm) for c in cands}
+    us = rs_estimates(geo, gemm.beside_comm(links), [RsSplit(sms[c[0]], c[0], c[1], c[2], tails[c]) for c in cands],
+                      tail_blocks, links.beside()).tolist()
+    est = dict(zip(cands, us))
+    (cb, sw, gt, kind), _ = pick(sorted(est, key=lambda c: (c[1], c[0], c[3])), est.__getitem__)
+    tail = tails[(cb, sw, gt, kind)]
+    return S.Split("sm", cb, sms[cb], sw, tail, tail_blocks if tail else 0, gt), kind if tail else 0
