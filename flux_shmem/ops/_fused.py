@@ -17,7 +17,6 @@ from ..kernels import registry, tune_cache
 from ..runtime import pacing, partition, symmetric
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
-from . import _schedule as sch
 from . import plan_fast, simulate
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
@@ -198,14 +197,13 @@ def bucket_plan(inp: PlanInputs, bucket: plan_fast.Bucket, config: str) -> Bucke
             world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
             budget_sms=inp.budget_sms, chunk_rows=inp.chunk_rows, links=inp.links, engines=inp.engines,
             comm_blocks=inp.comm_blocks, decomposed_comm_blocks=inp.decomposed_comm_blocks)
-        kind = 0
+        kind, short = 0, ()
     else:
         rp = plan_fast.plan_gemm_rs(
             world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
             budget_sms=inp.budget_sms, unit_rows=inp.unit_rows, links=inp.links, comm_blocks=inp.comm_blocks,
             decomposed_comm_blocks=inp.decomposed_comm_blocks, group_tiles=inp.group_tiles)
-        sp, r, kind = rp.split, rp.predicted, rp.tail_kind
-    short = rp.shortlist if inp.family == "gemm_rs" else ()
+        sp, r, kind, short = rp.split, rp.predicted, rp.tail_kind, rp.shortlist
     where = f"the model's prediction at M = {m} (bucket {bucket.lo}..{bucket.hi})"
     if inp.mode != "auto":
         return BucketPlan(bucket, inp.mode, sp, kind, r, f"mode={inp.mode}; {where}", short)
@@ -226,7 +224,8 @@ def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
     every PE: a pure function of the agreed inputs. The GEMM configurations are chosen for this M; the path and the
     split are decided once per bucket of M (`bucket_plan`: the split the fast model predicts fastest; mode 'auto'
     fuses when that prediction beats the decomposed path); what depends on M itself is made for it: the M-tile
-    order, the tail's pieces (of the bucket's tail kind), the all-gather's swizzle."""
+    order, the tail's pieces (of the bucket's tail kind), the all-gather's swizzle, and in a geometric bucket
+    GEMMReduceScatter's split among the bucket's shortlist (`rs_split`)."""
     plain = inp.choice(m, layout, inp.sms, False)
     if inp.world == 1:
         return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
@@ -264,7 +263,7 @@ def rs_split(inp: PlanInputs, m: int, bp: BucketPlan, config: str) -> simulate.S
     M's), its tail's pieces counted at M; in a geometric bucket, the bucket's shortlist re-estimated at M with
     every tail kind (the last wave, which decides the tail and the reduce units' shape, moves with M there)."""
     sp, cfg = bp.split, registry.get(config)
-    if len(bp.bucket.key) > 1 or m == bp.bucket.rep:
+    if bp.bucket.by_tiles or m == bp.bucket.rep:
         tail = plan_fast.rs_tail(bp.tail_kind, -(-m // cfg.tile_m), -(-inp.n // cfg.tile_n), cfg.cluster_m,
                                  sp.swizzle, sp.group_tiles, sp.gemm_sms // cfg.cluster_m)
         return dataclasses.replace(sp, tail=tail, tail_blocks=sp.tail_blocks if tail else 0)

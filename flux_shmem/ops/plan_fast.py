@@ -5,19 +5,24 @@ seconds per M, too slow for a call that meets a new M (every rank stalls; a CUDA
 This module plans from the same model in closed form:
 
 * Buckets of M (`bucket_of`): the decisions (path, engine, comm blocks, GEMM SMs, swizzle, reduce-unit width, tail
-  kind, GEMM configuration) are made once per bucket, at its representative M. Buckets follow tile counts while the
-  GEMM has only a few waves (a tile more or less changes its last wave) and are geometric above. What is cheap and
-  depends on M itself (the M-tile order, the tail's piece count, the all-gather's swizzle) is computed per M.
+  kind) are made once per bucket, at its representative M. Buckets follow tile counts while the GEMM has only a
+  few waves (a tile more or less changes its last wave) and are geometric (four per octave) above. What is cheap
+  and depends on M itself is made per M: the M-tile order, the tail's piece count, the all-gather's swizzle, and
+  in geometric buckets GEMMReduceScatter's split among the bucket's shortlist (`rs_refine`).
 * AllGather + GEMM (`plan_ag_gemm`): the arrivals come from one PE's sweep of its comm blocks, every other PE doing
   the same rotated (the ring-shift schedule is symmetric), and the GEMM's makespan with waits from a closed form of
-  its static persistent schedule (`gemm_span`), which equals `simulate.run_gemm`'s.
+  its static persistent schedule (`gemm_span`, equal to `simulate.run_gemm`'s). At large M the sweep merges chunks
+  (a reduced problem: the arrival rate is what the choice needs).
 * GEMM + ReduceScatter (`plan_gemm_rs`): pieces complete when the GEMM's closed form says; each PE's reduce blocks
-  drain them at the unit rates of `simulate.rs_reduce`, bounded by its NVLink ingress and, for the tail that every
-  PE starts at once, by the burst its peers' egress links see.
+  drain them at `simulate.rs_reduce`'s unit costs, bounded by its NVLink ingress; the tail, which PEs start at
+  once, meets the peers' egress queues (`rs_estimates`, numpy over all candidates at once, on the tiles that
+  decide at large M).
 
-The estimates track the simulator within a few percent on the shapes tested (tests/test_plan_fast.py), which is
-what the choice needs; `_fused.plan_call_full` still plans with the simulator itself, for comparison.
-Everything here is a pure function of its arguments: every PE plans alike.
+Where the simulator's link queues (their order of processing, not of start) shape its result, the model follows
+them in part: fused times are within a few percent for most splits, and the chosen split's simulated time within
+~5% of the simulator's best on the shapes tested (tests/test_plan_fast.py); `_fused.plan_call_full` still plans
+with the simulator itself, for comparison. Everything here is a pure function of its arguments: every PE plans
+alike.
 """
 from __future__ import annotations
 
@@ -47,6 +52,11 @@ class Bucket:
     lo: int
     hi: int
     rep: int
+
+    @property
+    def by_tiles(self) -> bool:
+        """Whether every M of the bucket has the same tile count (below `linear_limit`)."""
+        return len(self.key) > 1
 
 
 def linear_limit(tile_m: int, tile_n: int, cluster_m: int, n: int, sms: int) -> int:
@@ -87,13 +97,6 @@ def gemm_clusters(tiles_m: int, tiles_n: int, cluster_m: int, sms: int) -> int:
     return max(1, min(sms // cluster_m, -(-tiles_m // cluster_m) * tiles_n))
 
 
-def first_item(row: int, rows: int, tiles_n: int, swizzle: int) -> int:
-    """Index of cluster row `row`'s first work item in `_schedule.gemm_items`."""
-    s = max(1, min(swizzle, rows))
-    g = row // s
-    return g * s * tiles_n + row - g * s
-
-
 def gemm_span(row_ready, tiles_n: int, cluster_m: int, swizzle: int, sms: int, tile_us: float) -> float:
     """`simulate.run_gemm`'s makespan when cluster row r's A rows are there at row_ready[r]: cluster c walks items
     c, c + C, ..., each taking tile_us after both it and its rows are ready, so it ends at the latest
@@ -101,10 +104,10 @@ def gemm_span(row_ready, tiles_n: int, cluster_m: int, swizzle: int, sms: int, t
     (a row's first item has the most)."""
     rows = len(row_ready)
     items = rows * tiles_n
-    c = gemm_clusters(rows, tiles_n, 1, sms // cluster_m)
+    c = max(1, min(sms // cluster_m, items))          # clusters that get work (`gemm_clusters`)
     s = max(1, min(swizzle, rows))
     r = np.arange(rows)
-    first = r // s * s * tiles_n + r % s             # each row's first item (`first_item`)
+    first = r // s * s * tiles_n + r % s             # each row's first item (`_schedule.gemm_items`)
     return max(-(-items // c) * tile_us, float((np.asarray(row_ready) + -(-(items - first) // c) * tile_us).max()))
 
 
@@ -434,12 +437,11 @@ class RsGeometry:
             return self
         mid = ~keep
         L = self.node_size
-        own = self.own if self.world > L else np.zeros_like(self.own)  # (final sums: several nodes only)
+        several = self.world > L  # final sums and puts: several nodes only
+        own = self.own if several else np.zeros_like(self.own)
+        remote = 1 - self.own if several else np.zeros_like(self.own)
         middle = np.stack([np.bincount(self.owner[mid], weights=x[mid], minlength=L)
-                           for x in (self.units, self.rows, self.units * own, self.units * (1 - own),
-                                     self.rows * (1 - own))]) if self.world > L else np.stack(
-            [np.bincount(self.owner[mid], weights=x[mid], minlength=L) for x in (self.units, self.rows)] +
-            [np.zeros(L)] * 3)
+                           for x in (self.units, self.rows, self.units * own, self.units * remote, self.rows * remote)])
         sub = {f: getattr(self, f)[keep] for f in ("tile", "owner", "rows", "units", "own")}
         return dataclasses.replace(self, **sub, by_owner=np.argsort(sub["owner"], kind="stable"),
                                    early=early[keep], middle=middle)
@@ -581,9 +583,10 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     if geo.middle is not None:   # the dropped middle per [split, reducer]: units, block time, loads, finals, IB
         early = np.repeat(geo.early[e], gmax)[order]
         mu, mr, mo, mrem, mrr = (x[None, :] for x in geo.middle)
-        ng, sd, sw_ = valid.sum(1, keepdims=True), (d_ns * valid).sum(1, keepdims=True), width.sum(1, keepdims=True)
-        mid = np.stack([mu * ng, mu * sd + mrem * ng * lk.put_issue_us, mr * sw_ * eb * (L - 1) / (lk.nvlink_gbps * 1e3),
-                        mo * ng, mo * (d_fin * valid).sum(1, keepdims=True), mrr * sw_ * eb / (lk.ib_gbps * 1e3)])
+        ng, sd, wd = valid.sum(1, keepdims=True), (d_ns * valid).sum(1, keepdims=True), width.sum(1, keepdims=True)
+        mid = np.stack([mu * ng, mu * sd + mrem * ng * lk.put_issue_us,
+                        mr * wd * eb * (L - 1) / (lk.nvlink_gbps * 1e3), mo * ng,
+                        mo * (d_fin * valid).sum(1, keepdims=True), mrr * wd * eb / (lk.ib_gbps * 1e3)])
 
     def per_pe(x, op=np.add):
         return op.reduceat(x, first, axis=-1)
@@ -623,13 +626,6 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
             land = tail_end + ib_t + lk.ib_latency_us + d_fin.max(axis=1, keepdims=True)
             ends = np.maximum(ends, np.where(ib_t > 0, land, 0.0))
     return ends.max(axis=1)
-
-
-def rs_fused_us(geo: RsGeometry, gemm: S.Gemm, gemm_sms: int, comm_blocks: int, swizzle: int, group_tiles: int,
-                tail: int, tail_blocks: int, links: S.Links) -> float:
-    """`rs_estimates` of one split, for `gemm` and `links` as `simulate.simulate_gemm_rs` takes them."""
-    return float(rs_estimates(geo, gemm.beside_comm(links), [RsSplit(gemm_sms, comm_blocks, swizzle, group_tiles,
-                                                                      tail)], tail_blocks, links.beside())[0])
 
 
 def rs_comm_us(geo: RsGeometry, blocks: int, links: S.Links) -> float:
@@ -745,7 +741,8 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
             span = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), g.tile_us)
             if not kind:  # a row unit's time, all its groups
                 groups, rest = -(-tiles_n // gt), n - (tiles_n - 1) // gt * gt * gemm.tile_n
-                row = (groups - 1) * unit(unit_rows * gt * gemm.tile_n * elem_bytes) + unit(unit_rows * rest * elem_bytes)
+                row = (groups - 1) * unit(unit_rows * gt * gemm.tile_n * elem_bytes) + \
+                    unit(unit_rows * rest * elem_bytes)
                 span = max(span, g.tile_us + row_units * row / cb)
             bounds[c] = span
         return bounds[c]
