@@ -145,8 +145,9 @@ QUALITY = [("ag_gemm", n, k, w, L, m) for n, k in LLAMA_AG for w, L in WORLDS fo
 @pytest.mark.parametrize("family,n,k,world,node_size,m", QUALITY)
 def test_fast_plan_is_near_the_simulators_best(family, n, k, world, node_size, m):
     """At M (bucket decisions made at the bucket's representative), the fast plan's fused time as the simulator
-    simulates it is within 5% of the simulator's best plan's (plan_call_full), and mode auto takes the same path
-    unless the simulator's own two predictions are within 5% of each other."""
+    simulates it is within 5% of the simulator's best plan's (plan_call_full), and mode auto takes the path the
+    simulator's predictions give (its best fused, or the fast split's where that is faster, against decomposed)
+    unless the two are within 5% of each other."""
     m = m // world * world
     inp = inputs(family, world, node_size, n, k, 32768)
     full = F.plan_call_full(inp, m, "nk", 0)
@@ -154,8 +155,10 @@ def test_fast_plan_is_near_the_simulators_best(family, n, k, world, node_size, m
     fused = simulate_split(inp, m, sp, cfg).fused_us
     best = full.predicted
     assert fused <= best.fused_us * 1.05, (sp, fused, full.describe())
-    sim_path = "fused" if best.fused_us < best.decomposed_us else "decomposed"
-    assert path == sim_path or abs(best.fused_us / best.decomposed_us - 1) < 0.05, (path, full.describe())
+    # (the fast search looks at a few more tails than the simulator's: its split may beat the simulator's best)
+    best_fused = min(best.fused_us, fused)
+    sim_path = "fused" if best_fused < best.decomposed_us else "decomposed"
+    assert path == sim_path or abs(best_fused / best.decomposed_us - 1) < 0.05, (path, fused, full.describe())
     assert F.plan_call(inp, m, "nk", 0).path == path
 
 

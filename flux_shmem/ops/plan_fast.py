@@ -714,8 +714,7 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
                  decomposed_comm_blocks: Optional[int] = None, group_tiles: Optional[int] = None) -> RsPlan:
     """`simulate.plan_gemm_rs` from the closed-form model (`rs_estimates`), the same search: every (comm blocks,
     swizzle, width) without a tail, then tails for the three fastest and the fastest with whole rows; within 0.5%
-    the simpler schedule. Candidates whose bound cannot win are skipped: the GEMM alone and, without a tail, a
-    wave plus the reducer's block time spread over its blocks."""
+    the simpler schedule. Candidates whose bound (simulate.plan_gemm_rs's) cannot win are skipped."""
     cm = gemm.cluster_m
     all_sms = budget_sms // cm * cm
     cands = S.split_candidates(("sm",), comm_blocks, budget_sms, cm, S.RS_COMM_BLOCKS)
@@ -726,11 +725,12 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     geo = reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm, budget_sms)
     tail_blocks = min(all_sms, 64)
     g, lk = gemm.beside_comm(links), links.beside()
-    row_units = float(np.bincount(geo.owner, weights=geo.units).max())  # the busiest reducer's row units
+    # simulate.plan_gemm_rs's bound (its GEMM alone and, without a tail, the PE's node-sum bytes at the blocks'
+    # rates): the same shapes reach the tail stage as there (a tighter bound would keep a shape that only wins
+    # with a tail from ever getting one)
+    seg_bytes = world // node_size * (m // world) * n * elem_bytes
+    per_byte = max(1 / (lk.block_gbps * 1e3) if node_size > 1 else 0.0, (node_size + 1) / (lk.local_gbps * 1e3))
     bounds: dict = {}
-
-    def unit(nb: int) -> float:
-        return float(_node_sum_us(nb, node_size, lk))
 
     def sms(cb: int) -> int:
         return S.gemm_sms_for(budget_sms, cm, cb)
@@ -739,12 +739,7 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
         if c not in bounds:
             cb, sw, gt, kind = c
             span = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), g.tile_us)
-            if not kind:  # a row unit's time, all its groups
-                groups, rest = -(-tiles_n // gt), n - (tiles_n - 1) // gt * gt * gemm.tile_n
-                row = (groups - 1) * unit(unit_rows * gt * gemm.tile_n * elem_bytes) + \
-                    unit(unit_rows * rest * elem_bytes)
-                span = max(span, g.tile_us + row_units * row / cb)
-            bounds[c] = span
+            bounds[c] = span if kind else max(span, seg_bytes * per_byte / cb)
         return bounds[c]
 
     est: dict = {}
@@ -766,7 +761,9 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     evaluate(shapes)
     # (shapes skipped above rank by their bound here: a tail may still make them win)
     ranked = sorted(shapes, key=lambda c: est.get(c, bound(c)))
-    top = set(ranked[:3]) | set([c for c in ranked if c[1] == 1][:1])
+    # (and, beyond simulate.plan_gemm_rs's three fastest and fastest with whole rows, the fastest of each comm
+    # blocks count: the model's errors, a few percent, can reorder the no-tail splits that a tail then reorders)
+    top = set(ranked[:3]) | set([c for c in ranked if c[1] == 1][:1]) | set({c[0]: c for c in ranked[::-1]}.values())
     evaluate([c[:3] + (kind,) for c in top for kind in (1, 2)])
     (cb, sw, gt, kind), fused = pick(sorted(est, key=lambda c: (c[1], c[0], c[3])), est.__getitem__)
     tail = rs_tail(kind, tiles_m, tiles_n, cm, sw, gt, sms(cb) // cm)
