@@ -2,8 +2,9 @@
 the plan, so a PE that planned another engine, split or GEMM configuration hangs the call (seen in review:
 AllGatherGEMM planned on each PE's own view, and 7 of 168 M values gave PEs of one node different engines).
 
-Plans are `_fused.plan_call(inputs, m, layout, rank)`: the rank only picks the PE's own M-tile order out of the
-plan; the inputs are agreed at construction (`symmetric.agree`), so a PE built with other inputs raises there."""
+Plans are `_fused.plan_call(inputs, m, layout, rank)` (issue 25: decided per bucket of M by plan_fast's model): the
+rank only picks the PE's own M-tile order out of the plan; the inputs are agreed at construction
+(`symmetric.agree`), so a PE built with other inputs raises there."""
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,7 @@ def test_ag_gemm_every_rank_plans_alike(world, node_size):
     rows), every rank's plan identical but for its own tile order, which is a permutation of the M-tiles."""
     for n in (1280 * 8 // world, 28672 // world):
         inp = inputs("ag_gemm", world, node_size, n, 8192, 32768)
-        for m in m_values(world, 200 if n < 3000 else 20, 32768):
+        for m in m_values(world, 200, 32768):
             plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
             assert len({shared(p) for p in plans}) == 1, (world, n, m, [shared(p) for p in plans])
             tiles = -(-m // 128)
@@ -71,12 +72,16 @@ def test_ag_gemm_every_rank_plans_alike(world, node_size):
 
 @pytest.mark.parametrize("world,node_size", [(4, 4), (8, 8), (16, 8)])
 def test_gemm_rs_every_rank_plans_alike(world, node_size):
-    """GEMMReduceScatter (the down projection's shard, comm blocks and unit width as an op given them builds: the
-    planner's search over them is what costs the CPU time here; issue 25 moves it off the call)."""
-    inp = inputs("gemm_rs", world, node_size, 8192, 28672 // world, 65536, comm_blocks=8, group_tiles=64)
-    for m in m_values(world, 200, 65536)[::5]:
-        plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
-        assert len({shared(p) for p in plans}) == 1, (world, m)
+    """GEMMReduceScatter (the down projection's shard, with the planner's own comm blocks and unit widths, and with
+    those an op given them builds): 200 M values, every rank's plan identical but for its own tile order, which is
+    a permutation of the M-tiles."""
+    for kw in ({}, dict(comm_blocks=8, group_tiles=64)):
+        inp = inputs("gemm_rs", world, node_size, 8192, 28672 // world, 65536, **kw)
+        for m in m_values(world, 200, 65536):
+            plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
+            assert len({shared(p) for p in plans}) == 1, (world, m, kw)
+            for p in plans:
+                assert p.order is None or sorted(p.order) == list(range(-(-m // 128)))
 
 
 def test_review_cases_plan_alike():

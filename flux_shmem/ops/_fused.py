@@ -1,7 +1,9 @@
 """What AllGatherGEMM and GEMMReduceScatter share: argument checks, their CUTLASS kernels, the SM budget and its
-split between GEMM and communication, tile orders, and the per-M call plan chosen with the simulator."""
+split between GEMM and communication, tile orders, and the per-M call plans: decided per bucket of M by the fast
+model of `plan_fast` (a few ms for a new M), kept in a bounded cache per op."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -15,7 +17,7 @@ from ..kernels import registry, tune_cache
 from ..runtime import pacing, partition, symmetric
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
-from . import simulate
+from . import plan_fast, simulate
 from ._validate import SUPPORTED_DTYPES, check_dtype, check_tensor, not_capturing, positive
 
 MODES = ("auto", "fused", "decomposed")
@@ -141,11 +143,9 @@ def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[simulate.Split, si
         swizzle=dict(inp.forced).get("swizzle"))  # FLUX_SHMEM_GEMM_CONFIG's swizzle binds the fused GEMM too
 
 
-def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
-    """How a call with M = m and B layout `layout` runs on PE `rank`: path, engine, SM split, GEMM configuration,
-    swizzle, tile order (a list; the op keeps it as a device tensor). Everything but the order is the same on every
-    PE. The split (and engine, where there is a choice) is the one the simulator predicts fastest with the chosen
-    configuration; mode 'auto' fuses when that prediction beats the decomposed path."""
+def plan_call_full(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
+    """`plan_call` with the simulator itself deciding for this very M (`plan_split`: 0.05 s to seconds per M): the
+    reference the fast plans are tested against (tests/test_plan_fast.py), and what benchmarks may compare."""
     plain = inp.choice(m, layout, inp.sms, False)
     if inp.world == 1:
         return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
@@ -171,6 +171,182 @@ def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
         return CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, list(order), r, why, sp.tail,
                         sp.tail_blocks, sp.group_tiles, gemm=fused)
     return CallPlan(path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, why, gemm=plain)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    """The decisions of every call whose M falls in `bucket` (`plan_fast.bucket_of`), made at bucket.rep."""
+
+    bucket: plan_fast.Bucket
+    path: str
+    split: simulate.Split           # its tail: the tail kind's pieces at bucket.rep
+    tail_kind: int                  # plan_fast.TAIL_KINDS
+    predicted: simulate.Result
+    reason: str
+    shortlist: tuple = ()           # GEMM+RS: the best (comm blocks, swizzle, width), for plan_fast.rs_refine
+
+
+PLAN_BUCKETS = 1024  # bucket decisions kept per process (every op with the same inputs shares them)
+
+
+@functools.lru_cache(maxsize=PLAN_BUCKETS)
+def bucket_plan(inp: PlanInputs, bucket: plan_fast.Bucket, config: str) -> BucketPlan:
+    """The fast model's decisions for the fused GEMM configuration `config` at M = bucket.rep (raises
+    simulate.NoSplit when no split fits the SM budget)."""
+    g, m = gemm_model(inp.k, config, inp.dtype), bucket.rep
+    if inp.family == "ag_gemm":
+        sp, r = plan_fast.plan_ag_gemm(
+            world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
+            budget_sms=inp.budget_sms, chunk_rows=inp.chunk_rows, links=inp.links, engines=inp.engines,
+            comm_blocks=inp.comm_blocks, decomposed_comm_blocks=inp.decomposed_comm_blocks)
+        kind, short = 0, ()
+    else:
+        rp = plan_fast.plan_gemm_rs(
+            world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
+            budget_sms=inp.budget_sms, unit_rows=inp.unit_rows, links=inp.links, comm_blocks=inp.comm_blocks,
+            decomposed_comm_blocks=inp.decomposed_comm_blocks, group_tiles=inp.group_tiles,
+            swizzle=dict(inp.forced).get("swizzle"))
+        sp, r, kind, short = rp.split, rp.predicted, rp.tail_kind, rp.shortlist
+    where = f"the model's prediction at M = {m} (bucket {bucket.lo}..{bucket.hi})"
+    if inp.mode != "auto":
+        return BucketPlan(bucket, inp.mode, sp, kind, r, f"mode={inp.mode}; {where}", short)
+    path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
+    return BucketPlan(bucket, path, sp, kind, r, f"auto: {where}", short)
+
+
+def bucket_for(inp: PlanInputs, m: int, config: str) -> plan_fast.Bucket:
+    """M's bucket for the fused GEMM configuration `config`."""
+    cfg = registry.get(config)
+    return plan_fast.bucket_of(m, inp.world, cfg.tile_m,
+                               plan_fast.linear_limit(cfg.tile_m, cfg.tile_n, cfg.cluster_m, inp.n, inp.sms))
+
+
+def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
+    """How a call with M = m and B layout `layout` runs on PE `rank`: path, engine, SM split, GEMM configurations,
+    swizzle, tail, tile order (a list; the op keeps it as a device tensor). Everything but the order is the same on
+    every PE: a pure function of the agreed inputs. The GEMM configurations are chosen for this M; the path and the
+    split are decided once per bucket of M (`bucket_plan`: the split the fast model predicts fastest; mode 'auto'
+    fuses when that prediction beats the decomposed path); what depends on M itself is made for it: the M-tile
+    order, the tail's pieces (of the bucket's tail kind), the all-gather's swizzle, and in a geometric bucket
+    GEMMReduceScatter's split among the bucket's shortlist (`rs_split`)."""
+    plain = inp.choice(m, layout, inp.sms, False)
+    if inp.world == 1:
+        return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
+                        gemm=plain)
+    fused = inp.choice(m, layout, inp.sms, True)
+    try:
+        bp = bucket_plan(inp, bucket_for(inp, m, fused.config), fused.config)
+    except simulate.NoSplit:
+        if inp.mode == "fused":
+            raise ValueError(f"the fused path needs comm_blocks + {inp.cluster_m} SMs beside each other; this "
+                             f"context may use {inp.budget_sms}: raise the MPS share or lower comm_blocks") from None
+        return CallPlan("decomposed", "sm", inp.comm_blocks or 1, inp.sms, plain.swizzle, None, None,
+                        f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel",
+                        gemm=plain)
+    sp, r = bp.split, bp.predicted
+    if bp.path != "fused":
+        return CallPlan(bp.path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, bp.reason, gemm=plain)
+    cfg = registry.get(fused.config)
+    if inp.family == "ag_gemm":
+        swizzle = kconfig.swizzle_for(cfg, m, inp.chunk_rows, inp.n)[0]
+        order = plan_fast.ag_call_order(inp.world, inp.node_size, m, inp.k, inp.elem_bytes, cfg.tile_m,
+                                        inp.chunk_rows, inp.links, sp.engine, sp.comm_blocks, rank)
+        return CallPlan("fused", sp.engine, sp.comm_blocks, sp.gemm_sms, swizzle, order, r, bp.reason, gemm=fused)
+    sp = rs_split(inp, m, bp, fused.config)
+    order = plan_fast.rs_tile_order(rank, inp.world, inp.node_size, m, cfg.tile_m)
+    same = (sp.comm_blocks, sp.swizzle, sp.group_tiles) == (bp.split.comm_blocks, bp.split.swizzle,
+                                                            bp.split.group_tiles)
+    why = bp.reason if same else bp.reason + f"; this M's best of the bucket's {len(bp.shortlist)}"
+    return CallPlan("fused", sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, order, r, why, sp.tail,
+                    sp.tail_blocks, sp.group_tiles, gemm=fused)
+
+
+def rs_split(inp: PlanInputs, m: int, bp: BucketPlan, config: str) -> simulate.Split:
+    """GEMMReduceScatter's split for this M. In a bucket of one tile count, the bucket's (its GEMM's waves are
+    M's), its tail's pieces counted at M; in a geometric bucket, the bucket's shortlist re-estimated at M with
+    every tail kind (the last wave, which decides the tail and the reduce units' shape, moves with M there)."""
+    sp, cfg = bp.split, registry.get(config)
+    if bp.bucket.by_tiles or m == bp.bucket.rep:
+        tail = plan_fast.rs_tail(bp.tail_kind, -(-m // cfg.tile_m), -(-inp.n // cfg.tile_n), cfg.cluster_m,
+                                 sp.swizzle, sp.group_tiles, sp.gemm_sms // cfg.cluster_m)
+        return dataclasses.replace(sp, tail=tail, tail_blocks=sp.tail_blocks if tail else 0)
+    return plan_fast.rs_refine(world=inp.world, node_size=inp.node_size, m=m, n=inp.n, elem_bytes=inp.elem_bytes,
+                               gemm=gemm_model(inp.k, config, inp.dtype), budget_sms=inp.budget_sms, unit_rows=inp.unit_rows,
+                               links=inp.links, shortlist=bp.shortlist)[0]
+
+
+class PlanCache:
+    """An op's call plans by (M, layout): the `capacity` most recently used, and every pinned plan (made by
+    `prepare` or used inside a CUDA-graph capture: a captured graph reads its tile order's device memory) on top.
+    A mapping for the ops and the GPU checks: get, [key], [key] = plan (a pinned key stays pinned), clear (pins
+    too), in, len."""
+
+    def __init__(self, capacity: int):
+        self.capacity = positive("plan cache capacity", capacity)
+        self._lru: collections.OrderedDict = collections.OrderedDict()
+        self._pinned: dict = {}
+
+    def get(self, key, default=None):
+        if key in self._pinned:
+            return self._pinned[key]
+        plan = self._lru.get(key)
+        if plan is None:
+            return default
+        self._lru.move_to_end(key)
+        return plan
+
+    def __getitem__(self, key):
+        plan = self.get(key)
+        if plan is None:
+            raise KeyError(key)
+        return plan
+
+    def __setitem__(self, key, plan) -> None:
+        if key in self._pinned:
+            self._pinned[key] = plan
+            return
+        self._lru[key] = plan
+        self._lru.move_to_end(key)
+        while len(self._lru) > self.capacity:
+            self._lru.popitem(last=False)
+
+    def pin(self, key) -> None:
+        """Keep the plan of `key` (which must be cached) for the op's life."""
+        if key not in self._pinned:
+            self._pinned[key] = self._lru.pop(key)
+
+    def pinned(self, key) -> bool:
+        return key in self._pinned
+
+    def clear(self) -> None:
+        self._lru.clear()
+        self._pinned.clear()
+
+    def __contains__(self, key) -> bool:
+        return key in self._pinned or key in self._lru
+
+    def __len__(self) -> int:
+        return len(self._pinned) + len(self._lru)
+
+
+def capturing() -> bool:
+    """Whether the current stream captures a CUDA graph (False where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+PLAN_CACHE_ENV = "FLUX_SHMEM_PLAN_CACHE"
+
+
+def plan_cache_capacity() -> int:
+    """Call plans an op keeps besides its pinned ones ($FLUX_SHMEM_PLAN_CACHE, default 256)."""
+    v = os.environ.get(PLAN_CACHE_ENV, "256").strip()
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{PLAN_CACHE_ENV} must be a positive integer (plans kept per op), got {v!r}")
+    return n
 
 
 def start_event_enabled() -> bool:
@@ -246,7 +422,7 @@ class FusedGEMM:
         # issuing block (seen 2026-12-04: forced puts, 2 PEs, the plan's 1 gather block moved 15 GB/s).
         self.links = dataclasses.replace(self.links, put_by_blocks=all(rt.reachable))
 
-        self._plans: dict[tuple, CallPlan] = {}
+        self._plans = PlanCache(plan_cache_capacity())
         # The chooser's inputs that live outside the arguments (tuning cache, FLUX_SHMEM_GEMM_CONFIG) are PE 0's,
         # read once: every PE then chooses the same GEMM configuration for every M.
         dt = kconfig.dtype_name(dtype)
@@ -288,26 +464,36 @@ class FusedGEMM:
         """The configuration for this op's GEMM with M = m on `sm_count` SMs (PlanInputs.choice)."""
         return self.inputs.choice(m, layout, sm_count, fused)
 
-    def call_plan(self, m: int, layout: str = "nk") -> CallPlan:
-        """How a call with M = m and B layout `layout` runs (`plan_call`, cached per (m, layout))."""
+    def call_plan(self, m: int, layout: str = "nk", *, pin: bool = False) -> CallPlan:
+        """How a call with M = m and B layout `layout` runs (`plan_call`, cached per (m, layout)). pin: keep the plan
+        for the op's life (`prepare`; so is a plan used inside a CUDA-graph capture, which reads its tile order)."""
         key = (m, layout)
         plan = self._plans.get(key)
-        if plan is None:
+        if plan is not None:
+            if not self._plans.pinned(key) and (pin or capturing()):
+                self._plans.pin(key)
+        else:
             not_capturing(f"{type(self).__name__} with M = {m}")
             try:
                 plan = plan_call(self.inputs, m, layout, self.rt.rank)
             except ValueError as e:
                 raise ValueError(f"{type(self).__name__}: {e} ({self.budget.source})") from None
             if plan.order is not None:
-                plan = dataclasses.replace(plan, order=torch.tensor(plan.order, dtype=torch.int32,
-                                                                    device=f"cuda:{self.rt.device}"))
+                plan = dataclasses.replace(plan, order=self._upload(plan.order))
             self._plans[key] = plan
+            if pin:
+                self._plans.pin(key)
         return plan
+
+    def _upload(self, order: list[int]) -> torch.Tensor:
+        """A tile order table as the kernels read it (int32 on this PE's device)."""
+        return torch.tensor(order, dtype=torch.int32, device=f"cuda:{self.rt.device}")
 
     def prepare(self, ms, layouts=("nk",)) -> None:
         """Plan calls with every M of `ms` and B layouts `layouts` now: the planner's host time leaves the calls,
-        and a CUDA graph captured afterwards finds its plans made (a capture cannot plan). Nothing collective:
-        plans depend only on the inputs every PE agreed on."""
+        and a CUDA graph captured afterwards finds its plans made (a capture cannot plan). These plans are pinned:
+        the op's bounded plan cache never evicts them. Nothing collective: plans depend only on the inputs every
+        PE agreed on."""
         for layout in layouts:
             if layout not in self.layouts:
                 raise ValueError(f"layout must be one of {self.layouts}, got {layout!r}")
@@ -316,7 +502,7 @@ class FusedGEMM:
                 if m > self.max_m or m % self.rt.world_size:
                     raise ValueError(f"{type(self).__name__}.prepare: M = {m} is not a multiple of the world size "
                                      f"{self.rt.world_size} up to max_m = {self.max_m}")
-                self.call_plan(m, layout)
+                self.call_plan(m, layout, pin=True)
 
     def path(self, m: int, layout: str = "nk") -> str:
         """'fused' or 'decomposed' (or 'gemm' with one PE, where there is nothing to communicate): what a call
