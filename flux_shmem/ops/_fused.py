@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import FluxShmemError
 from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
 from ..kernels import registry, tune_cache
@@ -143,23 +144,32 @@ def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[simulate.Split, si
         swizzle=dict(inp.forced).get("swizzle"))  # FLUX_SHMEM_GEMM_CONFIG's swizzle binds the fused GEMM too
 
 
+def one_pe_plan(inp: PlanInputs, plain: kconfig.Choice) -> CallPlan:
+    """One PE: the plain GEMM, nothing to communicate."""
+    return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
+                    gemm=plain)
+
+
+def no_split_plan(inp: PlanInputs, plain: kconfig.Choice) -> CallPlan:
+    """No fused split fits the SM budget: the decomposed path, or mode 'fused''s error naming the fix."""
+    if inp.mode == "fused":
+        raise ValueError(f"the fused path needs comm_blocks + {inp.cluster_m} SMs beside each other; this "
+                         f"context may use {inp.budget_sms}: raise the MPS share or lower comm_blocks") from None
+    return CallPlan("decomposed", "sm", inp.comm_blocks or 1, inp.sms, plain.swizzle, None, None,
+                    f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel", gemm=plain)
+
+
 def plan_call_full(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
     """`plan_call` with the simulator itself deciding for this very M (`plan_split`: 0.05 s to seconds per M): the
     reference the fast plans are tested against (tests/test_plan_fast.py), and what benchmarks may compare."""
     plain = inp.choice(m, layout, inp.sms, False)
     if inp.world == 1:
-        return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
-                        gemm=plain)
+        return one_pe_plan(inp, plain)
     fused = inp.choice(m, layout, inp.sms, True)
     try:
         sp, r = plan_split(inp, m, fused.config)
     except simulate.NoSplit:
-        if inp.mode == "fused":
-            raise ValueError(f"the fused path needs comm_blocks + {inp.cluster_m} SMs beside each other; this "
-                             f"context may use {inp.budget_sms}: raise the MPS share or lower comm_blocks") from None
-        return CallPlan("decomposed", "sm", inp.comm_blocks or 1, inp.sms, plain.swizzle, None, None,
-                        f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel",
-                        gemm=plain)
+        return no_split_plan(inp, plain)
     if inp.mode != "auto":
         path, why = inp.mode, f"mode={inp.mode}"
     else:
@@ -231,18 +241,12 @@ def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
     GEMMReduceScatter's split among the bucket's shortlist (`rs_split`)."""
     plain = inp.choice(m, layout, inp.sms, False)
     if inp.world == 1:
-        return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
-                        gemm=plain)
+        return one_pe_plan(inp, plain)
     fused = inp.choice(m, layout, inp.sms, True)
     try:
         bp = bucket_plan(inp, bucket_for(inp, m, fused.config), fused.config)
     except simulate.NoSplit:
-        if inp.mode == "fused":
-            raise ValueError(f"the fused path needs comm_blocks + {inp.cluster_m} SMs beside each other; this "
-                             f"context may use {inp.budget_sms}: raise the MPS share or lower comm_blocks") from None
-        return CallPlan("decomposed", "sm", inp.comm_blocks or 1, inp.sms, plain.swizzle, None, None,
-                        f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel",
-                        gemm=plain)
+        return no_split_plan(inp, plain)
     sp, r = bp.split, bp.predicted
     if bp.path != "fused":
         return CallPlan(bp.path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, bp.reason, gemm=plain)
@@ -271,8 +275,8 @@ def rs_split(inp: PlanInputs, m: int, bp: BucketPlan, config: str) -> simulate.S
                                  sp.swizzle, sp.group_tiles, sp.gemm_sms // cfg.cluster_m)
         return dataclasses.replace(sp, tail=tail, tail_blocks=sp.tail_blocks if tail else 0)
     return plan_fast.rs_refine(world=inp.world, node_size=inp.node_size, m=m, n=inp.n, elem_bytes=inp.elem_bytes,
-                               gemm=gemm_model(inp.k, config, inp.dtype), budget_sms=inp.budget_sms, unit_rows=inp.unit_rows,
-                               links=inp.links, shortlist=bp.shortlist)[0]
+                               gemm=gemm_model(inp.k, config, inp.dtype), budget_sms=inp.budget_sms,
+                               unit_rows=inp.unit_rows, links=inp.links, shortlist=bp.shortlist)[0]
 
 
 class PlanCache:
@@ -542,6 +546,6 @@ class FusedGEMM:
             return 0, 0, 0
         try:
             sa, sb, kind = kgemm.fp8_scales(a, b, scale_a, scale_b)
-        except Exception as e:  # FluxShmemError names the fix; say which op
+        except FluxShmemError as e:  # it names the fix; say which op
             raise ValueError(f"{what}: {e}") from None
         return sa.data_ptr(), sb.data_ptr(), kind

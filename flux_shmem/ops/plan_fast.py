@@ -379,7 +379,8 @@ def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
                       model_chunk_rows(world, node_size, rows, chunk_rows, ORDER_UNITS), dec, links)
     gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, S.gemm_sms_for(budget_sms, cm, best_c[1]),
                            gemm.tile_us * S.swizzle_cost(gemm, swz, tiles_m))
-    gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms, gemm.tile_us * S.swizzle_cost(gemm, S.PLAIN_SWIZZLE, tiles_m))
+    gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms,
+                             gemm.tile_us * S.swizzle_cost(gemm, S.PLAIN_SWIZZLE, tiles_m))
     r = S.Result("ag_gemm", best_us, comm + gemm_all, comm, gemm_f, gemm_all, [best_us], {"model": "plan_fast"})
     return S.Split(best_c[0], best_c[1], S.gemm_sms_for(budget_sms, cm, best_c[1]), swz), r
 

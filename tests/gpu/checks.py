@@ -446,13 +446,14 @@ def gemm_rs_fp8_matches_torch(rt):
             flux_shmem.barrier()
     m, n, k = 256 * W, 256, 128
     op = flux_shmem.GEMMReduceScatter(m, n, k, torch.float8_e4m3fn, mode="fused")
-    a8, w8, sa, sb = fp8_operands(rt, m, n, k, 60, True)[rt.rank]
+    captured = fp8_operands(rt, m, n, k, 60, True)
+    a8, w8, sa, sb = captured[rt.rank]
     a8, sa = a8.clone(), sa.clone()
     g, out = capture(lambda: op(a8, w8.t(), scale_a=sa, scale_b=sb))
     for seed in range(61, 63):
-        ins = fp8_operands(rt, m, n, k, seed, True)
-        ins = [(x, w8_, s_, t_) for (x, _, s_, _), (_, w8_, _, t_) in
-               zip(ins, fp8_operands(rt, m, n, k, 60, True))]  # fresh a and scale_a, the captured weights
+        # fresh a and scale_a on every PE, the captured weights and scale_b
+        ins = [(x, w_, s_, t_) for (x, _, s_, _), (_, w_, _, t_) in
+               zip(fp8_operands(rt, m, n, k, seed, True), captured)]
         a8.copy_(ins[rt.rank][0])
         sa.copy_(ins[rt.rank][2])
         poison(out)
