@@ -32,6 +32,8 @@ def fresh() -> None:
     F.bucket_plan.cache_clear()
     F._choice.cache_clear()
     P.rs_last_wave.cache_clear()
+    P.rs_geometry.cache_clear()
+    P._reduced_geometry.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------------------------

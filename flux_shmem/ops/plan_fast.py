@@ -453,8 +453,8 @@ class RsGeometry:
 def _cuts(m: int, world: int, tile_m: int) -> tuple:
     """The pieces of [0, m) between tile and segment boundaries: (their first rows, last rows + 1, tiles, segments)."""
     ms = m // world
-    cuts = np.union1d(np.arange(0, m + 1, tile_m), np.arange(0, m + 1, ms))
-    cuts = np.append(cuts[cuts < m], m)
+    cuts = np.sort(np.r_[np.arange(0, m, tile_m), np.arange(0, m, ms), m])   # (np.union1d: numpy.ma's import)
+    cuts = cuts[np.r_[True, cuts[1:] != cuts[:-1]]]
     lo, hi = cuts[:-1], cuts[1:]
     return lo, hi, lo // tile_m, lo // ms
 
@@ -577,10 +577,12 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     first = np.searchsorted(owner, np.arange(L)) * gmax  # each reducer's first slot
     counts = np.diff(np.append(first, ne * gmax))        # slots per reducer
 
+    last = first + counts - 1                            # each reducer's last slot
+
     def suffix(x, mid=None):  # per slot, its reducer's sum of x from the slot on (and the dropped middle's)
-        before = np.cumsum(x, axis=-1) - x                                  # everything before the slot
-        end = before[..., first] + np.add.reduceat(x, first, axis=-1)      # ... before each reducer's end
-        out = np.repeat(end if mid is None else end + mid, counts, axis=-1) - before
+        cs = np.cumsum(x, axis=-1)                                          # everything up to the slot
+        end = cs[..., last]                                                 # ... up to each reducer's end
+        out = np.repeat(end if mid is None else end + mid, counts, axis=-1) - cs + x
         return out if mid is None else out - np.repeat(mid, counts, axis=-1) * (1 - early)
 
     mid = None
@@ -674,6 +676,7 @@ def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group
 REDUCED_WAVES = 4  # GEMM+RS estimates keep the tiles of the GEMM's last 4 waves (at least 32) and the first of each
 #                    segment (`RsGeometry.reduced`)
 EVAL_BATCH = 12     # GEMM+RS candidates estimated at once (the best bounds first: later ones may then be skipped)
+EVAL_JOIN = 4       # ... and a remainder of up to 4 more goes with the batch instead of a round of its own
 TAIL_KINDS = ("none", "last wave", "last wave and a cluster row")
 
 
@@ -689,14 +692,33 @@ def rs_tail(kind: int, tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int,
     return min(wave + cluster_m * -(-tiles_n // group_tiles), tiles_m * -(-tiles_n // group_tiles))
 
 
+@functools.lru_cache(maxsize=64)
+def rs_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, tile_m: int,
+                tile_n: int) -> RsGeometry:
+    """`RsGeometry.of`, once per call plan (the bucket's plan, its comm estimate and `rs_refine` share it); its
+    arrays read-only, as they are shared."""
+    geo = RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, tile_m, tile_n)
+    for f in dataclasses.fields(geo):
+        if isinstance(getattr(geo, f.name), np.ndarray):
+            getattr(geo, f.name).setflags(write=False)
+    return geo
+
+
+@functools.lru_cache(maxsize=64)
+def _reduced_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, tile_m: int,
+                      tile_n: int, cluster_m: int, budget_sms: int) -> RsGeometry:
+    geo = rs_geometry(world, node_size, m, n, elem_bytes, unit_rows, tile_m, tile_n)
+    wave_tiles = -(-(budget_sms // cluster_m) // -(-n // tile_n)) * cluster_m
+    return geo.reduced(-(-node_size // 16) * 16, -(-max(32, REDUCED_WAVES * wave_tiles) // 16) * 16)
+
+
 def reduced_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, gemm: S.Gemm,
                      budget_sms: int) -> RsGeometry:
     """The geometry the estimates need: each reducer's first piece (in the order's first node_size tiles) and the
     tiles of the GEMM's last REDUCED_WAVES waves (at least 32) decide (`RsGeometry.reduced`; tests/test_plan_fast.py:
     the same estimates)."""
-    geo = RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n)
-    wave_tiles = -(-(budget_sms // gemm.cluster_m) // -(-n // gemm.tile_n)) * gemm.cluster_m
-    return geo.reduced(-(-node_size // 16) * 16, -(-max(32, REDUCED_WAVES * wave_tiles) // 16) * 16)
+    return _reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n,
+                             gemm.cluster_m, budget_sms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -725,7 +747,7 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     cands = S.split_candidates(("sm",), comm_blocks, budget_sms, cm, S.RS_COMM_BLOCKS)
     dec = decomposed_comm_blocks or max([c for _, c in cands] or [S.RS_COMM_BLOCKS[-1]])
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
-    comm = rs_comm_us(RsGeometry.of(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n), dec,
+    comm = rs_comm_us(rs_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n), dec,
                       links)
     geo = reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm, budget_sms)
     tail_blocks = min(all_sms, 64)
@@ -755,7 +777,9 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
         while todo:
             best = min(est.values()) if est else math.inf
             todo = [c for c in todo if bound(c) < best / 0.995]
-            batch, todo = todo[:EVAL_BATCH], todo[EVAL_BATCH:]
+            # (a round costs ~0.25 ms of numpy set-up however few candidates it holds: a short remainder joins)
+            cut = len(todo) if len(todo) <= EVAL_BATCH + EVAL_JOIN else EVAL_BATCH
+            batch, todo = todo[:cut], todo[cut:]
             if batch:
                 splits = [RsSplit(sms(cb), cb, sw, gt, rs_tail(kind, tiles_m, tiles_n, cm, sw, gt, sms(cb) // cm))
                           for cb, sw, gt, kind in batch]
