@@ -27,6 +27,8 @@
 #   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
 #   gemmgpu         the GEMM kernel tests of every configuration (tests/test_gemm_kernels_gpu.py)
 #   fp8gpu          the fp8 GEMM tests (tests/test_fp8_gpu.py)
+#   sweep2          issue 25 with 2 PEs under MPS: 50 distinct M per op checked, graphs after prepare(), small-M
+#                   auto vs fused / decomposed / cuBLAS + our collective, host time per call
 #   fp8ops1 / fp8ops2 / fp8put2  the fp8 fused-op checks (group fp8) with 1 PE, 2 PEs under MPS, 2 PEs forced puts
 #   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
 #                   FP8_FAMILY default both) vs torch._scaled_mm, records in $OUT/gemm_fp8.jsonl
@@ -79,6 +81,7 @@ for spec in "$@"; do
     gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \
       python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
+    sweep2) timeout "$T" bash $S mps checks 2 sweep | grep -E "CHECK|Error|error|assert" ;;
     fp8ops1) timeout "$T" bash $S checks 1 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8ops2) timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
