@@ -663,14 +663,11 @@ def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group
     rows = -(-tiles_m // cluster_m)
     items = rows * tiles_n
     s = max(1, min(swizzle, rows))
-    count = 0
-    for w in range(max(0, items - clusters), items):
-        g, idx = divmod(w, s * tiles_n)
-        nrows = min(s, rows - g * s)
-        r, nt = g * s + idx % nrows, idx // nrows
-        if nt == min((nt // group_tiles + 1) * group_tiles, tiles_n) - 1:
-            count += min(cluster_m, tiles_m - r * cluster_m)
-    return count
+    g, idx = np.divmod(np.arange(max(0, items - clusters), items), s * tiles_n)
+    nrows = np.minimum(s, rows - g * s)
+    r, nt = g * s + idx % nrows, idx // nrows
+    last = nt == np.minimum((nt // group_tiles + 1) * group_tiles, tiles_n) - 1
+    return int(np.minimum(cluster_m, tiles_m - r * cluster_m)[last].sum())
 
 
 REDUCED_WAVES = 4  # GEMM+RS estimates keep the tiles of the GEMM's last 4 waves (at least 32) and the first of each
