@@ -26,10 +26,13 @@ def _targets(fams: list[str], configs: list[str] | None, archs: tuple[str, ...],
             cfgs = list(registry.names()) if configs == ["all"] else (configs or [registry.DEFAULT])
             for c in cfgs:
                 registry.get(c)  # unknown names fail here, before anything is built
-            builds = (False, True) if fp8 else (False,)
+            out += [(fam, c, arch, False) for c in cfgs for arch in archs]
+            if fp8:  # all / the default: the configurations the chooser runs e4m3 with (registry.names_for)
+                fp8_cfgs = list(registry.names_for("e4m3")) if configs == ["all"] else \
+                    (configs or [registry.default_for("e4m3")])
+                out += [(fam, c, arch, True) for c in fp8_cfgs for arch in archs]
         else:
-            cfgs, builds = [None], (False,)
-        out += [(fam, c, arch, f) for f in builds for c in cfgs for arch in archs]
+            out += [(fam, None, arch, False) for arch in archs]
     return out
 
 

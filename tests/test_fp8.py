@@ -182,14 +182,15 @@ def test_kernel_names():
         kg.kernel_name("gemm_rs", "e4m3", "kn")
 
 
-def test_chooser_on_fp8():
-    """The registry's configurations serve e4m3 too: the same candidates, K-tiles of 128, twice the rate."""
+def test_chooser_on_fp8(monkeypatch):
+    """The registry's configurations serve e4m3 too (those whose accumulators fit): K-tiles of 128, twice the rate."""
+    monkeypatch.delenv(kb.ENV_FP8_FAST_ACCUM, raising=False)
     assert registry.tile_k("e4m3") == 128 and registry.tile_k("bf16") == registry.TILE_K == 64
     for m, n, k in ((8192, 8192, 8192), (8192, 1280, 8192), (1024, 768, 4096), (128, 7168, 2048)):
         ch = config.choose(m, n, k, E4M3, "nk", 132, use_cache=False)
-        assert ch.config in registry.names() and ch.source == "heuristic"
+        assert ch.config in registry.names_for("e4m3") and ch.source == "heuristic"
         assert 1 <= ch.split <= registry.get(ch.config).max_splits
-        cfg = registry.get(registry.DEFAULT)
+        cfg = registry.get(registry.default_for("e4m3"))
         e8 = config.estimate(cfg, m, n, k, 132, dtype="e4m3")
         e16 = config.estimate(cfg, m, n, k, 132, dtype="bf16")
         assert e8.us < e16.us and e8.tiles == e16.tiles
@@ -203,6 +204,27 @@ def test_chooser_on_fp8():
     a = config.heuristic(8192, 1280, 256, "e4m3", "nk", 132)
     b = config.heuristic(8192, 1280, 256, "bf16", "nk", 132)
     assert a.estimate_us != b.estimate_us
+
+
+def test_fp8_configurations_that_fit_in_registers(monkeypatch):
+    """The promoting fp8 schedule holds two accumulators: only tiles of <= 64 registers each run without spilling
+    (the 128x256 build spilled 365 local stores and ran at 0.36x torch._scaled_mm); FP8FastAccum holds one."""
+    monkeypatch.delenv(kb.ENV_FP8_FAST_ACCUM, raising=False)
+    regs = {n: registry.get(n).accumulator_regs for n in registry.names()}
+    assert regs == {"128x256_c2x1": 128, "256x128_c1x2": 128, "128x128_c2x1": 64, "128x128_c2x1_pp": 128}
+    assert registry.names_for("e4m3") == ("128x128_c2x1",) == tuple(n for n in registry.names() if regs[n] <= 64)
+    assert registry.default_for("e4m3") == "128x128_c2x1" and registry.default_for("bf16") == registry.DEFAULT
+    assert registry.names_for("bf16") == registry.names_for("fp16") == registry.names()
+    for m, n, k in ((8192, 3584, 8192), (1024, 768, 4096)):  # the heuristic and the whole chooser alike
+        assert config.heuristic(m, n, k, "e4m3", "nk", 132).config == "128x128_c2x1"
+    with pytest.raises(FluxShmemError, match="FLUX_SHMEM_FP8_FAST_ACCUM=1"):
+        config.choose(8192, 3584, 8192, "e4m3", "nk", 132, configs=["128x256_c2x1"], use_cache=False)
+    assert config.choose(8192, 3584, 8192, "bf16", "nk", 132, configs=["128x256_c2x1"],
+                         use_cache=False).config == "128x256_c2x1"
+    monkeypatch.setenv(kb.ENV_FP8_FAST_ACCUM, "1")
+    assert registry.names_for("e4m3") == registry.names() and registry.default_for("e4m3") == registry.DEFAULT
+    assert config.choose(8192, 3584, 8192, "e4m3", "nk", 132, configs=["128x256_c2x1"],
+                         use_cache=False).config == "128x256_c2x1"
 
 
 def test_tune_cache_keys_accept_e4m3():
@@ -234,7 +256,13 @@ def test_fp8_build_is_keyed_apart(monkeypatch):
 def test_build_cli_targets_fp8():
     from flux_shmem import build as cli
     t = cli._targets(["gemm_rs", "collectives"], None, ("90a",), fp8=True)
-    assert ("gemm_rs", registry.DEFAULT, "90a", True) in t and ("gemm_rs", registry.DEFAULT, "90a", False) in t
+    e4m3 = registry.default_for("e4m3")
+    assert ("gemm_rs", e4m3, "90a", True) in t and ("gemm_rs", registry.DEFAULT, "90a", False) in t
+    assert ("gemm_rs", registry.DEFAULT, "90a", True) not in t  # (it spills under the promoting schedule)
+    # --config all: every 16-bit configuration, the fp8 builds of those the chooser runs for e4m3
+    every = cli._targets(["gemm_rs"], ["all"], ("90a",), fp8=True)
+    assert {c for _, c, _, f in every if f} == set(registry.names_for("e4m3"))
+    assert {c for _, c, _, f in every if not f} == set(registry.names())
     assert ("collectives", None, "90a", False) in t and ("collectives", None, "90a", True) not in t
     assert all(not f for *_, f in cli._targets(["gemm_rs"], None, ("90a",)))
 
@@ -253,8 +281,8 @@ def _tool_env(tool: str) -> dict:
 # --- the fp8 build of both families, one configuration (nvcc, about a minute each on 2 cores) -----------------------
 
 @pytest.fixture(scope="module")
-def fp8_builds():
-    return {fam: kb.build(fam, "90a", fp8=True) for fam in FAMILIES}
+def fp8_builds():  # the configuration the chooser runs fp8 with (promoting schedule)
+    return {fam: kb.build(fam, "90a", config=registry.default_for("e4m3"), fp8=True) for fam in FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -278,8 +306,8 @@ def test_fp8_build_holds_the_e4m3_kernels(fp8_builds, fp8_libs):
         lib = fp8_libs[fam]
         kg.check_abi(lib)
         h = kg.GemmHost(lib, fam, "e4m3", "nk")
-        assert h.fp8 and not h.fast_accum and h.tile_k == 128 and h.tile_shape == (128, 256)
-        assert h.config.name == registry.DEFAULT and 0 < h.params_size <= 4096
+        assert h.fp8 and not h.fast_accum and h.tile_k == 128 and h.tile_shape == (128, 128)
+        assert h.config.name == registry.default_for("e4m3") and 0 < h.params_size <= 4096
         with pytest.raises(BuildError, match="fp8 build, which has no fs_.*_bf16_nk"):
             kg.GemmHost(lib, fam, "bf16", "nk")
         assert not hasattr(lib, f"fs_{fam}_bf16_nk_params")
@@ -302,7 +330,7 @@ def test_fp8_host_errors(fp8_libs):
         with pytest.raises(FluxShmemError, match="splits=4 exceeds the 2 K-tiles of k=256"):
             h.workspace_size(_args(fam, k=256, splits=4))
         assert h.workspace_size(_args(fam)) == 0
-        assert h.workspace_size(_args(fam, splits=2)) == 64 * 1024 + 66 * 2 * 128 * 256 * 4
+        assert h.workspace_size(_args(fam, splits=2)) == 64 * 1024 + 66 * 2 * h.tile_shape[0] * h.tile_shape[1] * 4
         try:
             ctypes.CDLL("libcuda.so.1")
         except OSError:  # valid arguments reach the TMA descriptors, which need the driver
@@ -318,8 +346,15 @@ def test_fp8_sass(fp8_builds, fp8_libs):
         proc = subprocess.run([tool, "-sass", str(art.cubin)], capture_output=True, text=True, env=_tool_env(tool))
         if proc.returncode != 0:
             pytest.skip(f"cuobjdump -sass cannot disassemble here: {proc.stderr.strip()[:200]}")
-        assert "QGMMA.64x256x32.F32.E4M3.E4M3" in proc.stdout, fam  # fp8 wgmma, fp32 accumulators
+        assert "QGMMA.64x128x32.F32.E4M3.E4M3" in proc.stdout, fam  # fp8 wgmma, fp32 accumulators
         assert "UTMALDG" in proc.stdout and "UTMASTG" in proc.stdout, fam
+        # Both accumulators in registers: no more local stores or stack than the 16-bit builds (up to 72 and
+        # 72 B over their four kernels; the spilling fp8 builds of 128x256 and 128x128 pingpong: 250-365, 312-352 B).
+        assert proc.stdout.count("STL") <= 80, (fam, proc.stdout.count("STL"))
+        res = subprocess.run([tool, "-res-usage", str(art.cubin)], capture_output=True, text=True,
+                             env=_tool_env(tool))
+        stacks = [int(s) for s in re.findall(r"STACK:(\d+)", res.stdout)]
+        assert stacks and max(stacks) <= 96, (fam, stacks)
         elf = subprocess.run([tool, "-elf", str(art.cubin)], capture_output=True, text=True, env=_tool_env(tool))
         sizes = re.findall(r"EIATTR_KPARAM_INFO.*?Ordinal\s*:\s*0x0.*?Size\s*:\s*0x([0-9a-f]+)", elf.stdout, re.S)
         if sizes:

@@ -35,10 +35,10 @@ from pathlib import Path
 
 from ..errors import BuildError, FluxShmemError
 from . import registry
+from .registry import ENV_FP8_FAST_ACCUM, fp8_fast_accum  # noqa: F401  (re-exported: benchmarks, tests)
 
 DEFAULT_ARCHS = ("90a",)
 _CXX_FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fno-strict-aliasing", "-DNDEBUG")
-ENV_FP8_FAST_ACCUM = "FLUX_SHMEM_FP8_FAST_ACCUM"
 
 
 def csrc_dir() -> Path:
@@ -191,11 +191,6 @@ def resolve_config(family: str, config: "str | registry.KernelConfig | None") ->
         return registry.get(config)
     except FluxShmemError as e:  # an unknown name: a build error like the others
         raise BuildError(str(e)) from None
-
-
-def fp8_fast_accum() -> bool:
-    """Whether fp8 builds use CUTLASS's FP8FastAccum schedules (FLUX_SHMEM_FP8_FAST_ACCUM=1; default off)."""
-    return os.environ.get(ENV_FP8_FAST_ACCUM, "") == "1"
 
 
 def fp8_defines(fp8: bool) -> tuple[str, ...]:

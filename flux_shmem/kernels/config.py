@@ -272,15 +272,32 @@ def heuristic(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_r
     """The model's choice (see the module docstring): the default configuration unless another candidate is
     faster by more than MARGIN."""
     _check(m, n, k, dtype, layout, sm_count)
+    dt = dtype_name(dtype)
+    return _heuristic(m, n, k, sm_count, group_rows, allowed_configs(configs, dt), dt)
+
+
+def allowed_configs(configs: Optional[Sequence[str]], dt: str) -> Tuple[str, ...]:
+    """`configs` (default: every registry name) less those `dt`'s builds cannot run well: e4m3 under the promoting
+    schedule keeps only configurations whose two accumulators fit in registers (registry.names_for)."""
     names = tuple(configs) if configs is not None else registry.names()
-    return _heuristic(m, n, k, sm_count, group_rows, names, dtype_name(dtype))
+    if not names:
+        raise FluxShmemError("no kernel configuration to choose from (configs is empty)")
+    fit = set(registry.names_for(dt))
+    kept = tuple(n for n in names if n in fit)
+    if not kept:
+        raise FluxShmemError(
+            f"none of the configurations {list(names)} runs {dt} without spilling its accumulators under the "
+            f"promoting fp8 schedule (those that do: {sorted(fit)}); pass one of those, or set "
+            f"{registry.ENV_FP8_FAST_ACCUM}=1 (one accumulator, as torch._scaled_mm(use_fast_accum=True))")
+    return kept
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments; ops ask per call
 def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int], names: Tuple[str, ...],
                dt: str = "bf16") -> Choice:
     ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows, dtype=dt)
-    base_name = registry.DEFAULT if registry.DEFAULT in names else names[0]
+    default = registry.default_for(dt)
+    base_name = default if default in names else names[0]
     base = next(e for e in ranked if e.config.name == base_name and e.split == 1)
     best = ranked[0]
     if best.us * (1 + MARGIN) >= base.us:
@@ -374,7 +391,7 @@ def choose(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_rows
     read tiles by the plan) and no call tunes on one PE only."""
     _check(m, n, k, dtype, layout, sm_count)
     dt = dtype_name(dtype)
-    allowed = list(configs) if configs is not None else list(registry.names())
+    allowed = list(allowed_configs(configs, dt))
     force = forced() if force is None else dict(force)
     choice = None
     if tuned is not None:

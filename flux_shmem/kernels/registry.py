@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import Dict, Tuple
 
 from ..errors import FluxShmemError
@@ -71,6 +72,20 @@ class KernelConfig:
     def describe(self) -> str:
         return f"{self.tile_m}x{self.tile_n} {self.schedule}, cluster {self.cluster_m}x{self.cluster_n}"
 
+    @property
+    def accumulator_regs(self) -> int:
+        """fp32 accumulator registers per thread of a consumer warpgroup (128 threads): cooperative, the two
+        warpgroups share the tile; pingpong, each holds a whole tile."""
+        return self.tile_m * self.tile_n // 128 // (1 if self.pingpong else 2)
+
+    def runs_fp8(self, fast_accum: bool) -> bool:
+        """Whether the fp8 build of this configuration runs from registers. CUTLASS's default fp8 schedule keeps
+        a second accumulator (each K-block's wgmma results, promoted into the first every few blocks), so both
+        must fit the consumer's 232 registers: at 128 registers each they spill (cuobjdump of the 128x256
+        cooperative build: 365 local stores, stack 352 B, where its bf16 build has 32 and 32 B; on the H100 it
+        ran at 0.36x torch._scaled_mm). FP8FastAccum keeps one accumulator, like the 16-bit builds."""
+        return fast_accum or 2 * self.accumulator_regs <= FP8_PROMOTED_MAX_ACC_REGS
+
 
 def _entries(*cfgs: KernelConfig) -> Dict[str, KernelConfig]:
     return {c.name: c for c in cfgs}
@@ -87,6 +102,31 @@ CONFIGS: Dict[str, KernelConfig] = _entries(
     KernelConfig("128x128_c2x1_pp", 128, 128, 2, 1, "pingpong"),
 )
 DEFAULT = "128x256_c2x1"
+# Two accumulators of at most 64 registers each leave the promoting fp8 mainloop room for its fragments and
+# addresses within 232 (128x128 cooperative: 8 local stores, as many as its bf16 build).
+FP8_PROMOTED_MAX_ACC_REGS = 128
+ENV_FP8_FAST_ACCUM = "FLUX_SHMEM_FP8_FAST_ACCUM"
+
+
+def fp8_fast_accum() -> bool:
+    """Whether fp8 builds use CUTLASS's FP8FastAccum schedules (FLUX_SHMEM_FP8_FAST_ACCUM=1; default off: the
+    promoting schedule, fp32 sums of every few K-blocks, as torch._scaled_mm's use_fast_accum=False)."""
+    return os.environ.get(ENV_FP8_FAST_ACCUM, "") == "1"
+
+
+def names_for(dtype_name: str) -> Tuple[str, ...]:
+    """The configurations a GEMM of `dtype_name` ('bf16', 'fp16', 'e4m3') may run: every one, but for e4m3 under
+    the promoting schedule only those whose accumulators fit (`KernelConfig.runs_fp8`)."""
+    if dtype_name != "e4m3":
+        return names()
+    fast = fp8_fast_accum()
+    return tuple(n for n, c in CONFIGS.items() if c.runs_fp8(fast))
+
+
+def default_for(dtype_name: str) -> str:
+    """The default configuration of `dtype_name`'s builds (the first of `names_for` when DEFAULT is not one)."""
+    allowed = names_for(dtype_name)
+    return DEFAULT if DEFAULT in allowed else allowed[0]
 
 
 def get(config: "str | KernelConfig | None" = None) -> KernelConfig:

@@ -392,17 +392,19 @@ class FusedGEMM:
         # The tile height is fixed per op: chunk and unit sizes, M-tile orders and the reduce-scatter's per-M-tile
         # counters are made for it. Which configuration of that height runs a call (tile width, schedule) is the
         # chooser's (kernels/config.py: heuristic, tuning cache, FLUX_SHMEM_GEMM_CONFIG), per M and layout.
-        base = registry.get(registry.DEFAULT)
+        # (fp8: only configurations whose accumulators fit in registers, registry.names_for.)
+        runnable = registry.names_for(kconfig.dtype_name(dtype))
+        base = registry.get(registry.default_for(kconfig.dtype_name(dtype)))
         self.tile_m, self.cluster_m = base.tile_m, base.cluster_m
         # Cooperative only: the pingpong kernels' waiting mainloop / signalling epilogue have not been through the
         # fused checks yet (their plain GEMMs have).
-        self.configs = tuple(c for c in registry.names()
+        self.configs = tuple(c for c in runnable
                              if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m)
                              and not registry.get(c).pingpong)
         # Every kernel a call may launch is loaded now, while no kernel of this op spins: a first launch that
         # loads lazily can wait for the running kernels (kernels/module.py load_into_context). Build or load
         # errors surface here too.
-        for c in registry.names():
+        for c in runnable:
             for layout in self.layouts:
                 kgemm.CutlassGemm.get(self.family, dtype, layout, c)
         self.budget = sm_budget(rt.device)
