@@ -88,15 +88,31 @@ def test_persistent_clusters_follow_cutlass_rule():
 
 
 def test_heuristic_splits_the_partial_last_wave():
-    """Llama-3 70B QKV at TP 8, M = 8192: 160 cluster tiles of 128x256 on 66 clusters (2.42 waves): the last 94
-    tiles (the partial wave and the whole one before it) run as stream-K, 2.42 tile times instead of 3; at
-    M = 16384 (4.85 waves) the gain is under the margin."""
-    c = config.heuristic(8192, 1280, 8192, "bf16", "nk", 132)
+    """Stream-K for a partial last wave where its tail is compute-bound: 1024x4608x12288 is 72 cluster tiles of
+    128x256 on 66 clusters (1.09 waves; on the H100 2026-12-06 stream-K ran 206 us, whole tiles would be ~305).
+    Under one wave every tile is cut into pieces."""
+    c = config.heuristic(1024, 4608, 12288, "bf16", "nk", 132)
     assert c.config == "128x256_c2x1" and c.split == 2 and c.source == "heuristic"
-    assert "2.42 waves" in c.reason and "last 94 as stream-K over 66 clusters" in c.reason
-    assert config.heuristic(16384, 1280, 8192, "bf16", "nk", 132).split == 1
+    assert "1.09 waves" in c.reason and "last 72 as stream-K over 66 clusters" in c.reason
     tiny = config.heuristic(1024, 1280, 8192, "bf16", "kn", 132)  # under one wave: every tile in pieces
-    assert tiny.split >= 2 and "stream-K over 66 clusters" in tiny.reason
+    assert tiny.split >= 2 and "as stream-K over" in tiny.reason
+
+
+def test_stream_k_tail_pays_its_dram_traffic():
+    """The stream-K tail's clusters run at different K offsets and share little in L2: its operand bytes cross DRAM
+    about once per tile. Measured on the H100 (2026-12-06, tp-shard part 1/4): 4096x1280x8192 as stream-K 205 us,
+    its whole-tile plan modelled at 204; 1024x7392x8192 276-291 us, against 208 modelled whole. The model now
+    charges those bytes (with 128x256 tiles on 132 SMs the tail is DRAM-bound, 1.3x its compute), so stream-K no
+    longer runs where it measured slower than whole tiles would be."""
+    cfg = registry.get("128x256_c2x1")
+    for m, n, k in ((1024, 7392, 8192), (2048, 3584, 8192), (4096, 1792, 4096), (1024, 6656, 16384)):
+        sk, whole = config.estimate(cfg, m, n, k, 132, 2), config.estimate(cfg, m, n, k, 132, 1)
+        assert sk.us > whole.us / (1 + config.MARGIN), (m, n, k, sk.us, whole.us)
+        assert config.heuristic(m, n, k, "bf16", "nk", 132).split == 1, (m, n, k)
+    e = config.estimate(cfg, 4096, 1280, 8192, 132, 2)  # 80 tiles x (256 + 256) x 8192 x 2 B = 671 MB
+    assert e.us >= config.STREAMK_DRAM_SHARE * 80 * 512 * 8192 * 2 / (config.DRAM_GBPS * 1e3)
+    # fp8 operands are half the bytes
+    assert config.estimate(cfg, 4096, 1280, 8192, 132, 2, dtype="e4m3").us < e.us
 
 
 def test_heuristic_keeps_default_on_full_waves():
@@ -135,7 +151,9 @@ def test_group_rows_caps_the_swizzle():
 
 def test_stream_k_model_follows_the_kernels_plan():
     """tail_plan is the kernel's plan (tests/test_gemm_schedule.py checks that one); the model's time of a stream-K
-    tail is the even share of its K-tiles plus the pieces' reduction, so 2.42 waves cost about 2.42 tile times."""
+    tail is the larger of the even share of its K-tiles and its operands' DRAM time, plus the pieces' reduction:
+    8192x1280x8192 (2.42 waves) would cost 2.42 tile times from compute alone, but its DRAM-bound tail of 1.42
+    waves costs ~1.3x that (measured on the H100: 287-293 us, whole tiles modelled ~300)."""
     assert config.tail_plan(160, 66, 1, 128) == (160, 0)
     assert config.tail_plan(132, 66, 2, 128) == (132, 0)  # whole waves: nothing to split
     assert config.tail_plan(24, 66, 2, 64) == (0, 48) and config.tail_plan(24, 66, 16, 64) == (0, 66)
@@ -144,7 +162,7 @@ def test_stream_k_model_follows_the_kernels_plan():
     whole = config.estimate(cfg, 8192, 1280, 8192, 132, 1)
     sk = config.estimate(cfg, 8192, 1280, 8192, 132, 2)
     assert (sk.tail_tiles, sk.tail_units) == (94, 66)
-    assert sk.us / whole.us == pytest.approx(2.42 / 3, abs=0.03)
+    assert sk.us / whole.us == pytest.approx((1 + 1.42 * 1.32) / 3, abs=0.03)
     assert config._split_options(cfg, 8192, 1280, 8192, 132) == [1, 2]
     assert config._split_options(cfg, 1024, 768, 4096, 132) == [1, 2, 3, 4, 5, 6]  # 12 tiles: 6 fill 66
 
@@ -171,7 +189,7 @@ def test_forced_overrides(monkeypatch):
     c = config.choose(8192, 1280, 8192, "bf16", "nk", 132, use_cache=False)
     assert (c.config, c.swizzle, c.split, c.source) == ("128x128_c2x1_pp", 1, 1, "forced")
     monkeypatch.setenv(config.ENV_FORCE, "split=3")
-    c = config.choose(8192, 1280, 8192, "bf16", "nk", 132, use_cache=False)
+    c = config.choose(8192, 8192, 8192, "bf16", "nk", 132, use_cache=False)
     assert (c.config, c.split) == (registry.DEFAULT, 3) and "split=3" in c.describe()
     monkeypatch.setenv(config.ENV_FORCE, "128x128_c2x1")  # a bare name
     assert config.choose(8192, 1280, 8192, "bf16", "nk", 132, use_cache=False).config == "128x128_c2x1"
@@ -320,9 +338,9 @@ def test_fused_ops_choose_within_their_tile_height(monkeypatch):
                      mode="auto", budget_sms=132, sms=132, cluster_m=2, links=simulate.Links(), comm_blocks=None,
                      fused_configs=same_height, plain_configs=None)
     monkeypatch.setattr(config, "_tuned", lambda *a, **k: pytest.fail("the fused ops read no cache file"))
-    plain = inp.choice(8192, "nk", 132, False)
-    assert plain.split > 1  # the QKV shard shape's partial last wave is split in the plain GEMM ...
-    fused = inp.choice(8192, "nk", 132, True)
+    plain = inp.choice(1024, "nk", 132, False)
+    assert plain.split > 1  # under one wave, the plain GEMM cuts the tiles into pieces ...
+    fused = inp.choice(1024, "nk", 132, True)
     assert fused.config in same_height and fused.split == 1 and "fused: whole tiles" in fused.reason  # ... not fused
     monkeypatch.setenv(config.ENV_FORCE, "config=128x256_c2x1")  # this PE's environment: ignored
     forced = dataclasses.replace(inp, forced=(("config", "128x128_c2x1_pp"),))

@@ -17,9 +17,11 @@ each cluster tile costs k-tiles x (tile FLOPs / a nominal per-SM rate / the conf
 epilogue. Whole waves cost ceil(T / P) tile times. With a split S > 1 (cooperative kernels only) the last partial
 wave and the whole wave before it run as stream-K (`tail_plan`, the kernel's fs::plan_tail): their K-tiles are cut
 evenly into U = min(P, tail tiles x S) ranges, one per cluster, and a tile cut into pieces adds them up in a serial
-reduction of fp32 partial tiles: worth it when the last wave is far from full (the N = 1280 shard of Llama-3 70B
-QKV at TP 8: 8192 x 1280 x 8192 is 2.42 waves of 128 x 256 tiles on 132 SMs; stream-K runs it in 2.42 tile times,
-not 3). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The
+reduction of fp32 partial tiles. Its clusters work at different K offsets, so their A and B tiles come from DRAM
+once per tile (STREAMK_DRAM_SHARE) where a wave of whole tiles shares them in L2: the tail costs the larger of its
+compute and those bytes. Worth it when the last wave is far from full and the tail is compute-bound (1024 x 4608 x
+12288: 1.09 waves ran in 206 us, whole tiles ~305); not for short K over many tiles (4096 x 1280 x 8192: 205 us,
+as whole tiles). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The
 model ranks candidates; it does not predict absolute times well (estimate_us is a rough figure). A candidate
 replaces the default (128x256 cooperative, swizzle 8, no split) only when the model expects it to be faster by more
 than MARGIN, since the default is the measured one.
@@ -66,6 +68,12 @@ REDUCE_STEP_US = 0.5     # per split: lock hand-off of the serial split-K reduct
 REDUCE_GBPS = 150.0      # per-SM rate of reading/writing fp32 partial tiles
 LAUNCH_US = 4.0          # kernel start and tail, the same for every candidate
 DRAM_GBPS = 3500.0       # floor: A, B and D cross DRAM at least once
+# The stream-K tail's clusters run at different K offsets, so they share little of A and B in L2 (a wave of whole
+# tiles walks K in step): its tiles' operand bytes cross DRAM nearly once per tile. Fitted on the H100's tp-shard
+# part 1/4 (2026-12-06, 48 stream-K runs without whole waves before the tail: measured time x DRAM_GBPS / those
+# bytes, median 0.88, 0.93-1.04 where the tail is not compute-bound); e.g. 4096x1280x8192, 80 tiles of 256x256 over
+# K = 8192: 671 MB, 205 us measured where the compute model said 135 and whole tiles 204.
+STREAMK_DRAM_SHARE = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,8 +237,11 @@ def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: in
         tail = tiles - dp
         pieces = -(-units // tail) + (0 if units % tail == 0 else 1)  # most pieces of one tile
         reduce_us = pieces * (REDUCE_STEP_US + cfg.tile_m * cfg.tile_n * 4 / (REDUCE_GBPS * 1e3))
-        us = (dp // clusters * tile_us + math.ceil(tail * k_tiles / units) * step_us + math.ceil(tail / units) * epi_us
-              + reduce_us)
+        compute_us = math.ceil(tail * k_tiles / units) * step_us + math.ceil(tail / units) * epi_us
+        operand_bytes = tail * (cfg.cluster_m * cfg.tile_m + cfg.cluster_n * cfg.tile_n) * k * (1 if dtype == "e4m3"
+                                                                                                 else 2)
+        dram_us = STREAMK_DRAM_SHARE * operand_bytes / (DRAM_GBPS * 1e3)
+        us = dp // clusters * tile_us + max(compute_us, dram_us) + reduce_us
     swizzle, note = swizzle_for(cfg, m, group_rows, n)
     return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, units, note)
 
