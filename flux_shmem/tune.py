@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", type=_shapes, default=[], help="comma list of MxNxK")
     p.add_argument("--shapes-file", type=Path, help="file of MxNxK, one per line or comma-separated")
     p.add_argument("--layouts", default="nk,kn", help="kn (B [K, N]) and/or nk (B [N, K])")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "e4m3"), default="bf16",
+                   help="operands (e4m3: per-tensor scales, B as [N, K], vs torch._scaled_mm; "
+                        "FLUX_SHMEM_FP8_FAST_ACCUM=1 tunes the FP8FastAccum builds, kept apart in the cache)")
     p.add_argument("--sm-count", type=int, default=None, help="SMs the GEMM runs on (default: the device's)")
     p.add_argument("--family", choices=("gemm_rs", "ag_gemm"), default="gemm_rs",
                    help="kernel family measured (both share the mainloop; the choice serves both)")
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --shapes or --shapes-file (or --check)")
     if any(x not in ("kn", "nk") for x in layouts):
         p.error(f"--layouts takes kn and/or nk, got {args.layouts!r}")
+    if args.dtype == "e4m3":
+        if args.layouts == p.get_default("layouts"):
+            layouts = ["nk"]  # fp8 wgmma reads K-major B only
+        elif "kn" in layouts:
+            p.error("--dtype e4m3 takes --layouts nk only (fp8 GEMMs read B as [N, K])")
 
     import torch
     if not torch.cuda.is_available():

@@ -381,7 +381,27 @@ def test_fp8_benchmark_cli():
         assert gemm_fp8.main(["--shapes", "128x128x128"]) == 3
 
 
-def test_tuner_declines_e4m3():
-    from flux_shmem.kernels import tune
-    with pytest.raises(FluxShmemError, match="tuner measures bf16/fp16 GEMMs only"):
-        tune.tune_shape(1024, 1024, 1024, "e4m3", "nk", 132, write=False)
+def test_tuner_takes_e4m3(monkeypatch, tmp_path):
+    """The tuner measures e4m3 too (against torch._scaled_mm, on a GPU): its candidates are the configurations the
+    fp8 builds run from registers, its cache entries are keyed apart for the FP8FastAccum builds, and without a
+    GPU it says so."""
+    from flux_shmem.kernels import tune, tune_cache
+    from flux_shmem import tune as cli
+    monkeypatch.delenv(kb.ENV_FP8_FAST_ACCUM, raising=False)
+    for m, n, k in ((8192, 1280, 8192), (1024, 768, 4096)):
+        cands = tune.tune_candidates(m, n, k, 132, dtype="e4m3")
+        assert cands and {c.config for c in cands} <= set(registry.names_for("e4m3"))
+        assert cands[0] == config.heuristic(m, n, k, "e4m3", "nk", 132)
+    assert registry.tuning_dtype("e4m3") == "e4m3" and registry.tuning_dtype("bf16") == "bf16"
+    monkeypatch.setenv(kb.ENV_FP8_FAST_ACCUM, "1")
+    assert registry.tuning_dtype("e4m3") == "e4m3fast" and registry.tuning_dtype("bf16") == "bf16"
+    assert {c.config for c in tune.tune_candidates(8192, 1280, 8192, 132, dtype="e4m3")} - \
+        set(registry.names_for("e4m3")) == set()
+    assert tune_cache._KEY_RE.match("NVIDIA H100|sm132|cuda13.0|e4m3fast|nk|8192x1280x8192")
+    with pytest.raises(FluxShmemError, match="'nk'"):
+        tune.tune_shape(1024, 1024, 1024, "e4m3", "kn", 132, write=False)
+    with pytest.raises(SystemExit):
+        cli.main(["--dtype", "e4m3", "--layouts", "kn", "--shapes", "1024x1024x1024"])
+    if not torch.cuda.is_available():
+        with pytest.raises(FluxShmemError, match="CUDA device"):
+            tune.tune_shape(1024, 1024, 1024, "e4m3", "nk", 132, write=False)

@@ -144,3 +144,18 @@ def test_fp8_ag_mainloop_with_all_chunks_arrived():
         kg.CutlassGemm.get("ag_gemm", torch.float8_e4m3fn, "nk", config).launch(args)
         torch.cuda.synchronize()
         assert _rel(d, want) <= REL_TOL, config
+
+
+def test_fp8_tuner_measures_against_scaled_mm(tmp_path):
+    """flux_shmem.kernels.tune on e4m3: every candidate checked against torch._scaled_mm and timed; the entry is
+    one of the configurations the fp8 builds run from registers and lands in the cache under e4m3."""
+    import torch
+    from flux_shmem.kernels import registry, tune, tune_cache
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    path = tmp_path / "tune.json"
+    res = tune.tune_shape(2048, 1280, 4096, "e4m3", "nk", sms, cache_path=path, rounds=2, max_candidates=4)
+    assert not res.rejected, res.rejected
+    assert res.entry.config in registry.names_for("e4m3") and res.entry.ms > 0
+    assert tune.label(res.heuristic) in res.times_ms
+    keys = list(tune_cache.TuneCache(path).entries())
+    assert len(keys) == 1 and f"|{registry.tuning_dtype('e4m3')}|nk|2048x1280x4096" in keys[0]

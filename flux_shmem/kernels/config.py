@@ -430,11 +430,11 @@ def _tuned(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, allowed:
     else:
         device = dataclasses.replace(device, sm_count=sm_count)
     try:
-        entry = tune_cache.shared().lookup(device, dt, layout, m, n, k)
+        entry = tune_cache.shared().lookup(device, registry.tuning_dtype(dt), layout, m, n, k)
     except tune_cache.TuneCacheError as e:
         tune_cache.warn_once(str(e))
         return None
-    if entry is None and os.environ.get(ENV_TUNE, "") == "1" and dt != "e4m3":  # the tuner measures 16-bit only
+    if entry is None and os.environ.get(ENV_TUNE, "") == "1":
         entry = _tune_now(m, n, k, dt, layout, sm_count, device)
     if entry is None or entry.config not in allowed:
         return None

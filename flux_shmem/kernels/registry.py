@@ -114,6 +114,12 @@ def fp8_fast_accum() -> bool:
     return os.environ.get(ENV_FP8_FAST_ACCUM, "") == "1"
 
 
+def tuning_dtype(dtype_name: str) -> str:
+    """The tuning cache's dtype field for GEMMs of `dtype_name`: e4m3 measured with FP8FastAccum builds is kept
+    apart ('e4m3fast'), as the two schedules run different kernels."""
+    return "e4m3fast" if dtype_name == "e4m3" and fp8_fast_accum() else dtype_name
+
+
 def names_for(dtype_name: str) -> Tuple[str, ...]:
     """The configurations a GEMM of `dtype_name` ('bf16', 'fp16', 'e4m3') may run: every one, but for e4m3 under
     the promoting schedule only those whose accumulators fit (`KernelConfig.runs_fp8`)."""

@@ -3,7 +3,8 @@ against each other and record the fastest in the tuning cache (tune_cache.py). C
 
 Candidates come from the model (config.candidates): the heuristic's choice, the default, the best splits of each
 configuration and swizzle 1 for the leaders, at most `max_candidates`. Each is first checked against cuBLAS
-(torch.matmul) on a poisoned output; one that disagrees is reported and never chosen. Then all are timed with
+(torch.matmul; for e4m3 operands with per-tensor scales torch._scaled_mm, with use_fast_accum as the build's
+FLUX_SHMEM_FP8_FAST_ACCUM) on a poisoned output; one that disagrees is reported and never chosen. Then all are timed with
 `time_interleaved`: every candidate is a CUDA graph of back-to-back launches over rotated input sets (no host
 launch cost in the figures, weights not left in L2), replayed in rounds that alternate the candidates' order, so
 clock and power drift hit all alike; the figure is the median over rounds.
@@ -20,7 +21,7 @@ from ..errors import FluxShmemError
 from . import config as kconfig
 from . import registry, tune_cache
 
-REL_TOL = 1e-2  # bf16/fp16 outputs against cuBLAS's
+REL_TOL = 1e-2  # bf16/fp16 outputs against cuBLAS's; e4m3 (bf16 out) against torch._scaled_mm's
 
 
 @dataclasses.dataclass
@@ -36,10 +37,14 @@ def label(c: kconfig.Choice) -> str:
 
 
 def tune_candidates(m: int, n: int, k: int, sm_count: int, *, group_rows: Optional[int] = None,
-                    configs: Optional[Sequence[str]] = None, max_candidates: int = 8) -> List[kconfig.Choice]:
-    """The candidates worth measuring for one shape, the heuristic's choice first."""
-    heur = kconfig.heuristic(m, n, k, "bf16", "nk", sm_count, group_rows, configs=configs)
-    ranked = kconfig.candidates(m, n, k, sm_count, configs=configs, group_rows=group_rows)
+                    configs: Optional[Sequence[str]] = None, max_candidates: int = 8,
+                    dtype: str = "bf16") -> List[kconfig.Choice]:
+    """The candidates worth measuring for one shape, the heuristic's choice first (e4m3: among the configurations
+    its builds run from registers, kconfig.allowed_configs)."""
+    dt = kconfig.dtype_name(dtype)
+    configs = kconfig.allowed_configs(configs, dt)
+    heur = kconfig.heuristic(m, n, k, dt, "nk", sm_count, group_rows, configs=configs)
+    ranked = kconfig.candidates(m, n, k, sm_count, configs=configs, group_rows=group_rows, dtype=dt)
     out: List[kconfig.Choice] = [heur]
 
     def add(cfg: str, swizzle: int, split: int, why: str) -> None:
@@ -47,7 +52,7 @@ def tune_candidates(m: int, n: int, k: int, sm_count: int, *, group_rows: Option
         if all(label(c) != label(o) for o in out):
             out.append(c)
 
-    default = next((e for e in ranked if e.config.name == registry.DEFAULT and e.split == 1), None)
+    default = next((e for e in ranked if e.config.name == registry.default_for(dt) and e.split == 1), None)
     if default is not None:
         add(default.config.name, default.swizzle, 1, "default")
     per_config: Dict[str, int] = {}
@@ -127,16 +132,32 @@ def rotation_count(m: int, n: int, k: int, elem_bytes: int = 2, *, l2_bytes: Opt
 
 
 def make_inputs(m: int, n: int, k: int, dtype, layout: str, nsets: int, seed: int = 1234):
-    """`nsets` (a, b, d) on the GPU: a [m, k], b [k, n] row-major ('kn') or the transpose of [n, k] ('nk')."""
+    """`nsets` (a, b, d) on the GPU: a [m, k], b [k, n] row-major ('kn') or the transpose of [n, k] ('nk').
+    e4m3: (a, b, d, scale_a, scale_b), a and b quantized with per-tensor fp32 scales, d bf16 ('nk' only)."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    fp8 = dtype == torch.float8_e4m3fn
+    if fp8 and layout != "nk":
+        raise FluxShmemError(kconfig.FP8_LAYOUT_ERROR)
+    src = torch.bfloat16 if fp8 else dtype
     sets = []
     for _ in range(nsets):
-        a = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
-        b = (torch.randn(k, n, device="cuda", dtype=dtype, generator=gen) if layout == "kn" else
-             torch.randn(n, k, device="cuda", dtype=dtype, generator=gen).t())
-        sets.append((a, b, torch.empty(m, n, device="cuda", dtype=dtype)))
+        a = torch.randn(m, k, device="cuda", dtype=src, generator=gen)
+        b = (torch.randn(k, n, device="cuda", dtype=src, generator=gen) if layout == "kn" else
+             torch.randn(n, k, device="cuda", dtype=src, generator=gen).t())
+        if not fp8:
+            sets.append((a, b, torch.empty(m, n, device="cuda", dtype=dtype)))
+            continue
+        (a8, sa), (w8, sb) = (_quantize(x) for x in (a, b.t()))
+        sets.append((a8, w8.t(), torch.empty(m, n, device="cuda", dtype=torch.bfloat16), sa, sb))
     return sets
+
+
+def _quantize(x):
+    """(e4m3 tensor, fp32 per-tensor scale) with x ~= q * scale (amax mapped to e4m3's 448)."""
+    import torch
+    scale = (x.abs().amax().float() / 448.0).clamp(min=1e-12)
+    return (x.float() / scale).to(torch.float8_e4m3fn), scale
 
 
 def relative_error(out, ref) -> float:
@@ -154,20 +175,31 @@ def ours_fn(family: str, choice: kconfig.Choice, sets, sm_count: int, dtype, lay
     g = kgemm.CutlassGemm.get(family, dtype, layout, choice.config)
     dev = torch.cuda.current_device()
     runs = []
-    for a, b, d in sets:
+    for a, b, d, *scales in sets:
         m, k = a.shape
+        fp8 = {}
+        if scales:  # e4m3: the scales as the kernel reads them (views of the set's tensors, kept alive by it)
+            sa_v, sb_v, kind = kgemm.fp8_scales(a, b, *scales)
+            fp8 = dict(scale_a=sa_v.data_ptr(), scale_b=sb_v.data_ptr(), scale_kind=kind)
         args = kgemm.plain_args(family, a.data_ptr(), b.data_ptr(), d.data_ptr(), 0, m, b.shape[1], k,
-                                sm_count=sm_count, device_id=dev, choice=choice)
+                                sm_count=sm_count, device_id=dev, choice=choice, **fp8)
         runs.append(g.prepare(args))
     return lambda i: runs[i]()
 
 
 def cublas_fn(sets):
+    """The vendor library on set i: torch.matmul, or torch._scaled_mm (cuBLASLt fp8) for e4m3 sets."""
     import torch
+    from .registry import fp8_fast_accum
+    fast = fp8_fast_accum()
 
     def fn(i: int) -> None:
-        a, b, d = sets[i]
-        torch.matmul(a, b, out=d)
+        a, b, d, *scales = sets[i]
+        if scales:
+            d.copy_(torch._scaled_mm(a, b, scale_a=scales[0], scale_b=scales[1], out_dtype=d.dtype,
+                                     use_fast_accum=fast))
+        else:
+            torch.matmul(a, b, out=d)
     return fn
 
 
@@ -187,17 +219,16 @@ def tune_shape(m: int, n: int, k: int, dtype, layout: str, sm_count: int, *, fam
     """Measure the candidates for one shape on `sm_count` SMs and (write=True) record the fastest."""
     import torch
     dt = kconfig.dtype_name(dtype)
-    if dt == "e4m3":  # needs quantized inputs with scales and torch._scaled_mm as the check: not written yet
-        raise FluxShmemError("the tuner measures bf16/fp16 GEMMs only; e4m3 shapes use the heuristic's choice "
-                             "(benchmarks/gemm_fp8.py times them against torch._scaled_mm)")
-    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    kconfig._check(m, n, k, dt, layout, sm_count)  # e4m3: 'nk' only
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn}[dt]
     if device is None:
         device = tune_cache.current_device(sm_count)
         if device is None:
             raise FluxShmemError("tuning needs a CUDA device (torch.cuda.is_available() is False)")
-    cands = tune_candidates(m, n, k, sm_count, group_rows=group_rows, configs=configs, max_candidates=max_candidates)
+    cands = tune_candidates(m, n, k, sm_count, group_rows=group_rows, configs=configs, max_candidates=max_candidates,
+                            dtype=dt)
     heur = dataclasses.replace(cands[0], source="heuristic")
-    sets = make_inputs(m, n, k, tdtype, layout, rotation_count(m, n, k))
+    sets = make_inputs(m, n, k, tdtype, layout, rotation_count(m, n, k, 1 if dt == "e4m3" else 2))
     ref_fn = cublas_fn(sets)
     ref_fn(0)
     torch.cuda.synchronize()
@@ -232,7 +263,7 @@ def tune_shape(m: int, n: int, k: int, dtype, layout: str, sm_count: int, *, fam
             print(f"  {name:28s} {times[name] * 1e3:9.1f} us" + ("  <- best" if name == best else "")
                   + ("  (heuristic)" if name == label(heur) else ""), flush=True)
     if write:
-        key = tune_cache.entry_key(device, dt, layout, m, n, k)
+        key = tune_cache.entry_key(device, registry.tuning_dtype(dt), layout, m, n, k)
         tune_cache.update(cache_path or tune_cache.default_path(), {key: entry})
     del sets, ref
     return TuneResult(entry, heur, times, rejected)

@@ -35,7 +35,7 @@ from . import registry
 FORMAT = "flux_shmem.gemm_tune"
 VERSION = 1
 ENV_PATH = "FLUX_SHMEM_TUNE_CACHE"
-_KEY_RE = re.compile(r"^(?P<gpu>[^|]+)\|sm(?P<sm>\d+)\|cuda(?P<cuda>[^|]+)\|(?P<dt>bf16|fp16|e4m3)\|(?P<lay>kn|nk)\|"
+_KEY_RE = re.compile(r"^(?P<gpu>[^|]+)\|sm(?P<sm>\d+)\|cuda(?P<cuda>[^|]+)\|(?P<dt>bf16|fp16|e4m3fast|e4m3)\|(?P<lay>kn|nk)\|"
                      r"(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)$")
 
 
@@ -102,7 +102,7 @@ def _entry(path: Path, key: str, raw) -> Entry:
         return TuneCacheError(f"{path}: entry {key!r} {why}: delete the file or re-run `python -m flux_shmem.tune "
                               f"--fresh`")
     if not _KEY_RE.match(key):
-        raise bad("is not 'GPU|smN|cudaV|bf16/fp16/e4m3|kn/nk|MxNxK'")
+        raise bad("is not 'GPU|smN|cudaV|bf16/fp16/e4m3/e4m3fast|kn/nk|MxNxK'")
     if not isinstance(raw, dict):
         raise bad("is not an object")
     fields = {f.name for f in dataclasses.fields(Entry)}

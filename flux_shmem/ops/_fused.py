@@ -432,7 +432,7 @@ class FusedGEMM:
         # The chooser's inputs that live outside the arguments (tuning cache, FLUX_SHMEM_GEMM_CONFIG) are PE 0's,
         # read once: every PE then chooses the same GEMM configuration for every M.
         dt = kconfig.dtype_name(dtype)
-        self._tuned, self._forced = rt.host.allgather((tuple(sorted(tune_cache.snapshot(dt, n, k).items())),
+        self._tuned, self._forced = rt.host.allgather((tuple(sorted(tune_cache.snapshot(registry.tuning_dtype(dt), n, k).items())),
                                                        tuple(sorted(kconfig.forced().items()))))[0]
         self.inputs = self.plan_inputs()
 
