@@ -69,7 +69,7 @@ int ag_args(const char* kname, const FsAgGemmArgs* a, typename Cfg::Kernel::Argu
     }
   }
   fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
-                     a->swizzle, a->splits, ScaleArgs{a->scale_a, a->scale_b, a->scale_kind});
+                     a->swizzle, a->splits, a->tail_chunks, ScaleArgs{a->scale_a, a->scale_b, a->scale_kind});
   args.mainloop.chunk_flags = a->chunk_flags;
   args.mainloop.epoch = a->epoch;
   args.mainloop.rows_per_shard = a->rows_per_shard;

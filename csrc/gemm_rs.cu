@@ -58,7 +58,7 @@ int rs_args(const char* kname, const FsGemmRsArgs* a, typename Cfg::Kernel::Argu
   if (a->tile_ready != nullptr && a->epoch == nullptr)
     return fail(kErrArgs, std::string(kname) + ": tile_ready needs epoch");
   fill_operands<Cfg>(args, a->m, a->n, a->k, a->a, a->b, a->d, a->bias, a->sm_count, a->device_id, a->m_tile_order,
-                     a->swizzle, a->splits, ScaleArgs{a->scale_a, a->scale_b, a->scale_kind});
+                     a->swizzle, a->splits, a->tail_chunks, ScaleArgs{a->scale_a, a->scale_b, a->scale_kind});
   args.epilogue.tile_ready = a->tile_ready;
   args.epilogue.epoch = a->epoch;
   args.scheduler.ctx = to_ctx(a->ctx);

@@ -95,7 +95,7 @@ def test_abi_mirrors_match(libs):
     assert ctypes.sizeof(kg.FsAgGemmArgs) == 192 and ctypes.sizeof(kg.FsGemmRsArgs) == 176
     # fields added later sit at the end of both structs: split-K (issue 11), then fp8 scales (issue 26)
     for st in (kg.FsAgGemmArgs, kg.FsGemmRsArgs):
-        assert [f for f, _ in st._fields_[-8:]] == ["splits", "pad1_", "workspace", "workspace_bytes", "scale_a",
+        assert [f for f, _ in st._fields_[-8:]] == ["splits", "tail_chunks", "workspace", "workspace_bytes", "scale_a",
                                                     "scale_b", "scale_kind", "pad2_"]
     assert kg.FsAgGemmArgs.splits.offset == 144 and kg.FsGemmRsArgs.splits.offset == 128
 

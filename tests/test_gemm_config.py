@@ -106,13 +106,52 @@ def test_stream_k_tail_pays_its_dram_traffic():
     longer runs where it measured slower than whole tiles would be."""
     cfg = registry.get("128x256_c2x1")
     for m, n, k in ((1024, 7392, 8192), (2048, 3584, 8192), (4096, 1792, 4096), (1024, 6656, 16384)):
-        sk, whole = config.estimate(cfg, m, n, k, 132, 2), config.estimate(cfg, m, n, k, 132, 1)
+        sk, whole = config.estimate(cfg, m, n, k, 132, 2), config.estimate(cfg, m, n, k, 132, 1)  # unaligned
         assert sk.us > whole.us / (1 + config.MARGIN), (m, n, k, sk.us, whole.us)
         assert config.heuristic(m, n, k, "bf16", "nk", 132).split == 1, (m, n, k)
     e = config.estimate(cfg, 4096, 1280, 8192, 132, 2)  # 80 tiles x (256 + 256) x 8192 x 2 B = 671 MB
     assert e.us >= config.STREAMK_DRAM_SHARE * 80 * 512 * 8192 * 2 / (config.DRAM_GBPS * 1e3)
     # fp8 operands are half the bytes
     assert config.estimate(cfg, 4096, 1280, 8192, 132, 2, dtype="e4m3").us < e.us
+
+
+def test_aligned_stream_k_model():
+    """Aligned ranges (chunks q, csrc/include/flux_shmem/gemm_schedule.cuh) put the tail's clusters at q K offsets,
+    so the model charges q waves' worth of A and B bytes instead of every tile's own, and their longest range: on
+    4096x1280x8192 (80 tiles, 66 clusters) q = 4 gives ranges of 128 or 160 K-tiles (unaligned: 155-156) and about
+    4 x 1.2 waves x 14 cluster rows + 5 cluster columns of bytes, below the 671 MB the unaligned tail moves. The
+    heuristic keeps q = 0 until a GPU measures it (HEURISTIC_CHUNKS); the tuner offers both."""
+    from flux_shmem.kernels import tune
+    cfg = registry.get("128x256_c2x1")
+    assert config.tail_ranges(80, 66, 128, 4)[:3] == [(0, 128), (128, 288), (288, 448)]
+    assert max(b - a for a, b in config.tail_ranges(80, 66, 128, 0)) == 156
+    assert config.tail_chunks(128, 0) == config.tail_chunks(128, 200) == 128 and config.tail_chunks(128, 4) == 4
+    assert config.tail_plan(2, 66, 16, 3, 2) == (0, 4)  # ranges never fewer chunks than one
+    e0 = config.estimate(cfg, 4096, 1280, 8192, 132, 2)
+    e4 = config.estimate(cfg, 4096, 1280, 8192, 132, 2, chunks=4)
+    best = config.estimate(cfg, 4096, 1280, 8192, 132, 2, chunks=None)
+    assert e0.chunks == 0 and e4.chunks == 4 and best.chunks in config.CHUNK_OPTIONS and best.us <= e4.us < e0.us
+    assert "at 4 K offsets" in e4.summary()
+    assert config.estimate(cfg, 4096, 1280, 8192, 132, 1, chunks=4).chunks == 0  # no tail, nothing to align
+    assert config.heuristic(4096, 1280, 8192, "bf16", "nk", 132).chunks == config.HEURISTIC_CHUNKS == 0
+    cands = tune.tune_candidates(4096, 1280, 8192, 132, max_candidates=12)
+    aligned = [c for c in cands if c.chunks]
+    assert aligned and any(c.chunks == 0 and c.split > 1 and c.reason == "unaligned stream-K" for c in cands)
+    assert all(tune.label(c).endswith(f"/q{c.chunks}") for c in aligned)
+    with pytest.raises(FluxShmemError, match="chunks"):
+        config.estimate(cfg, 4096, 1280, 8192, 132, 2, chunks=-1)
+
+
+def test_forced_chunks(monkeypatch):
+    monkeypatch.setenv(config.ENV_FORCE, "config=128x256_c2x1,split=2,chunks=4")
+    c = config.choose(4096, 1280, 8192, "bf16", "nk", 132, use_cache=False)
+    assert (c.config, c.split, c.chunks, c.source) == ("128x256_c2x1", 2, 4, "forced")
+    assert "chunks=4" in c.describe()
+    monkeypatch.setenv(config.ENV_FORCE, "split=2")
+    assert config.choose(4096, 1280, 8192, "bf16", "nk", 132, use_cache=False).chunks == 0
+    monkeypatch.setenv(config.ENV_FORCE, "chunks=x")
+    with pytest.raises(FluxShmemError, match="chunks must be an integer"):
+        config.forced()
 
 
 def test_heuristic_keeps_default_on_full_waves():
@@ -194,7 +233,7 @@ def test_forced_overrides(monkeypatch):
     monkeypatch.setenv(config.ENV_FORCE, "128x128_c2x1")  # a bare name
     assert config.choose(8192, 1280, 8192, "bf16", "nk", 132, use_cache=False).config == "128x128_c2x1"
     for bad, why in (("swizzle=3", "swizzle must be one of"), ("split=99", "split must be"),
-                     ("tile=128", "keys are config, swizzle and split"), ("nope", "unknown GEMM kernel")):
+                     ("tile=128", "keys are config, swizzle, split and chunks"), ("nope", "unknown GEMM kernel")):
         monkeypatch.setenv(config.ENV_FORCE, bad)
         with pytest.raises(FluxShmemError, match=f"{config.ENV_FORCE}=.*{why}"):
             config.choose(8192, 1280, 8192, "bf16", "nk", 132, use_cache=False)

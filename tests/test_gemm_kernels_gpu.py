@@ -86,8 +86,8 @@ def test_split_k_graph_replays(config):
 @pytest.mark.parametrize("config", ["128x256_c2x1", "256x128_c1x2", "128x128_c2x1"])
 def test_stream_k_tails(config):
     """Stream-K tails whose ranges straddle tiles (a cluster ends one tile and starts the next; pieces of unequal
-    K), above and below one wave and on odd SM counts: right outputs, and bitwise the same on a second launch (the
-    pieces add up in a fixed order)."""
+    K), above and below one wave and on odd SM counts, unaligned and aligned to a few chunk boundaries per tile
+    (tail_chunks): right outputs, and bitwise the same on a second launch (the pieces add up in a fixed order)."""
     import torch
     from flux_shmem.kernels import config as kconfig
     from flux_shmem.kernels import gemm as kg
@@ -98,20 +98,20 @@ def test_stream_k_tails(config):
                           ((2048, 3584, 1536), 17)):
         a, b, _ = _operands(m, n, k, "nk", torch.bfloat16, seed=m + n)
         ref = a.float() @ b.float()
-        for split in (2, 3, 16):
+        for split, chunks in ((2, 0), (3, 0), (16, 0), (2, 2), (2, 4), (16, 3)):
             split = min(split, -(-k // 64))
             cm, cn = kconfig.cluster_tiles(cfg, m, n)
-            plan = kconfig.tail_plan(cm * cn, kconfig.persistent_clusters(cfg, sm), split, -(-k // 64))
+            plan = kconfig.tail_plan(cm * cn, kconfig.persistent_clusters(cfg, sm), split, -(-k // 64), chunks)
             outs = []
             for _ in range(2):
                 d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 g.launch(kg.plain_args("gemm_rs", a.data_ptr(), b.data_ptr(), d.data_ptr(), 0, m, n, k,
                                        sm_count=sm, device_id=0,
-                                       choice=kconfig.Choice(config, 4, split, "forced", "test")))
+                                       choice=kconfig.Choice(config, 4, split, "forced", "test", chunks=chunks)))
                 torch.cuda.synchronize()
                 outs.append(d)
-            assert _rel(outs[0], ref) < 1e-2, (config, (m, n, k), sm, split, plan)
-            assert torch.equal(outs[0], outs[1]), (config, (m, n, k), sm, split, plan)
+            assert _rel(outs[0], ref) < 1e-2, (config, (m, n, k), sm, split, chunks, plan)
+            assert torch.equal(outs[0], outs[1]), (config, (m, n, k), sm, split, chunks, plan)
 
 
 def test_split_k_workspace_shared_by_shapes():

@@ -3,7 +3,7 @@ C++ compiler and checked against a Python reference: every output tile computed 
 that partition its K-tiles), whole waves before the stream-K tail, the tail's K-tiles shared evenly by the clusters,
 the swizzle's group order without padding tiles, one reduction slot per split tile, and the split-K reduction
 protocol (pieces in reduction order) run to completion by an event simulation without waits across clusters'
-later work."""
+later work; with aligned ranges (chunks q), every range starting at one of a tile's q chunk boundaries."""
 from __future__ import annotations
 
 import random
@@ -19,10 +19,11 @@ _MAIN = r"""
 #include <cstdio>
 #include "flux_shmem/gemm_schedule.cuh"
 int main() {
-  int cm, cn, group, splits, k_tiles; long long clusters;
-  while (std::scanf("%d %d %d %d %d %lld", &cm, &cn, &group, &splits, &k_tiles, &clusters) == 6) {
+  int cm, cn, group, splits, k_tiles, chunks; long long clusters;
+  while (std::scanf("%d %d %d %d %d %lld %d", &cm, &cn, &group, &splits, &k_tiles, &clusters, &chunks) == 7) {
     fs::UnitGrid g;
     g.clusters_m = cm; g.clusters_n = cn; g.group = group; g.splits = splits; g.k_tiles = k_tiles;
+    g.chunks = chunks;
     fs::plan_tail(&g, clusters);
     long long n = fs::unit_count(g);
     std::printf("%d %d %d %lld\n", g.dp_tiles, g.tail_units, g.stride, n);
@@ -49,7 +50,8 @@ def enumerate_units(tmp_path_factory):
                    check=True)
 
     def run(cases):
-        stdin = "".join(" ".join(str(v) for v in c) + "\n" for c in cases)
+        """cases: (clusters_m, clusters_n, group, splits, k_tiles, clusters[, chunks])."""
+        stdin = "".join(" ".join(str(v) for v in (tuple(c) + (0,))[:7]) + "\n" for c in cases)
         lines = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split("\n")
         pos, out = 0, []
         for _ in cases:
@@ -77,9 +79,9 @@ def reference_plan(case):
     """(dp_tiles, tail_units, stride): the chooser's model of the plan (config.tail_plan), so the kernel is checked
     against what the model ranks, and the launch's clusters (the stride) as the header's comment defines them."""
     from flux_shmem.kernels.config import tail_plan
-    cm, cn, _group, splits, k_tiles, clusters = case
+    cm, cn, _group, splits, k_tiles, clusters, chunks = (tuple(case) + (0,))[:7]
     tiles = cm * cn
-    dp, u = tail_plan(tiles, clusters, splits, k_tiles)
+    dp, u = tail_plan(tiles, clusters, splits, k_tiles, chunks)
     if u == 0:
         return dp, 0, max(1, min(tiles, clusters))
     return dp, u, clusters if dp > 0 else u
@@ -142,7 +144,8 @@ def simulate_protocol(items_by_cluster, step=lambda it: it[6]):
 
 
 def check_case(case, plan, units):
-    cm, cn, group, splits, k_tiles, clusters = case
+    from flux_shmem.kernels.config import tail_chunks, tail_ranges
+    cm, cn, group, splits, k_tiles, clusters, chunks = (tuple(case) + (0,))[:7]
     tiles = cm * cn
     assert plan == reference_plan(case), case
     dp, u, stride = plan
@@ -158,10 +161,14 @@ def check_case(case, plan, units):
         tail = [x for x in its if x[0] >= dp]
         for x in tail:
             pieces.setdefault((x[1], x[2]), []).append((c,) + x)
-        if u:
-            work = sum(x[6] for x in tail)  # the range's K-tiles: floor((c+1) W / U) - floor(c W / U)
-            w = (tiles - dp) * k_tiles
-            assert work == (c + 1) * w // u - c * w // u, (case, c)
+        if u and c < u:
+            work = sum(x[6] for x in tail)  # the range's K-tiles: its chunks [c n / U, (c+1) n / U)
+            first, end = tail_ranges(tiles - dp, u, k_tiles, chunks)[c]
+            assert work == end - first >= 1, (case, c)
+            q = tail_chunks(k_tiles, chunks)  # it starts on a chunk boundary of its first tile
+            assert first % k_tiles in {i * k_tiles // q for i in range(q)}, (case, c)
+            if tail:
+                assert tail[0][5] == first % k_tiles and (tail[0][1], tail[0][2]) == raster[dp + first // k_tiles]
     assert sorted(pieces) == sorted(raster[dp:]), case  # every tail tile, once
     slots = []
     for tile, ps in pieces.items():
@@ -187,8 +194,9 @@ def _random_cases(seed, n):
     for _ in range(n):
         cm, cn = rng.randint(1, 40), rng.randint(1, 30)
         k_tiles = rng.randint(1, 200)
+        chunks = rng.choice([0, 0, 1, 2, 3, 4, 6, 8, k_tiles, k_tiles + 5])
         cases.append((cm, cn, rng.randint(1, min(cm, 8)), rng.randint(1, min(16, k_tiles)), k_tiles,
-                      rng.randint(1, 140)))
+                      rng.randint(1, 140), chunks))
     return cases
 
 
@@ -242,3 +250,24 @@ def test_simulator_walks_the_kernels_units(enumerate_units, tiles_m, tiles_n, sw
     for u, (cm, cn, *_rest) in enumerate(units):
         expect[u % clusters].append((cm, cn))
     assert work == expect
+
+
+def test_aligned_tail_walks_k_at_few_offsets(enumerate_units):
+    """4096x1280x8192 with 128x256 tiles in 2x1 clusters on 132 SMs: 80 cluster tiles of 128 K-tiles, all stream-K on
+    66 clusters. Unaligned ranges start at 33 K offsets (their clusters share no K-slab); with chunks=4 at the 4
+    quarter boundaries only, the longest range 160 K-tiles (5 quarters) where unaligned ranges are 155-156."""
+    (p0, u0), (p4, u4) = enumerate_units([(16, 5, 1, 2, 128, 66, 0), (16, 5, 1, 2, 128, 66, 4)])
+    assert p0 == p4 == (0, 66, 66)
+    starts0 = {its[0][5] for its in cluster_items(p0, u0)}
+    starts4 = {its[0][5] for its in cluster_items(p4, u4)}
+    assert len(starts0) >= 30 and starts4 == {0, 32, 64, 96}
+    work0 = {sum(x[6] for x in its) for its in cluster_items(p0, u0)}
+    work4 = {sum(x[6] for x in its) for its in cluster_items(p4, u4)}
+    assert work0 == {155, 156} and work4 == {128, 160}
+    assert max(x[3] for x in u4 if x[7]) <= 4  # a tile in at most 4 pieces (one per quarter)
+
+
+def test_chunks_beyond_k_tiles_mean_unaligned(enumerate_units):
+    """chunks = 0, = k_tiles and > k_tiles plan the same units (the kernel clamps as fs::tail_chunks does)."""
+    out = enumerate_units([(32, 5, 8, 2, 128, 66, 0), (32, 5, 8, 2, 128, 66, 128), (32, 5, 8, 2, 128, 66, 999)])
+    assert out[0] == out[1] == out[2]

@@ -17,11 +17,14 @@ each cluster tile costs k-tiles x (tile FLOPs / a nominal per-SM rate / the conf
 epilogue. Whole waves cost ceil(T / P) tile times. With a split S > 1 (cooperative kernels only) the last partial
 wave and the whole wave before it run as stream-K (`tail_plan`, the kernel's fs::plan_tail): their K-tiles are cut
 evenly into U = min(P, tail tiles x S) ranges, one per cluster, and a tile cut into pieces adds them up in a serial
-reduction of fp32 partial tiles. Its clusters work at different K offsets, so their A and B tiles come from DRAM
-once per tile (STREAMK_DRAM_SHARE) where a wave of whole tiles shares them in L2: the tail costs the larger of its
-compute and those bytes. Worth it when the last wave is far from full and the tail is compute-bound (1024 x 4608 x
-12288: 1.09 waves ran in 206 us, whole tiles ~305); not for short K over many tiles (4096 x 1280 x 8192: 205 us,
-as whole tiles). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The
+reduction of fp32 partial tiles. Ranges that start at any K-tile put the clusters at as many K offsets, so their
+A and B tiles come from DRAM once per tile (STREAMK_DRAM_SHARE) where a wave of whole tiles shares them in L2
+(4096 x 1280 x 8192: 205 us, as whole tiles). With `chunks` q the ranges start only at q chunk boundaries of a
+tile: the clusters walk K at q offsets and each offset's clusters share their K-slabs like a wave (q waves' worth
+of bytes, `_tail_dram_bytes`), at the price of ranges up to a chunk longer. The tail costs the larger of its
+compute (its longest range) and its bytes; for each split the model takes the best of CHUNK_OPTIONS and q = k-tiles
+(unaligned). Worth it when the last wave is far from full (1024 x 4608 x 12288: 1.09 waves ran in 206 us, whole
+tiles ~305). S matters only below one wave (it bounds the pieces per tile); above, every S > 1 is the same plan. The
 model ranks candidates; it does not predict absolute times well (estimate_us is a rough figure). A candidate
 replaces the default (128x256 cooperative, swizzle 8, no split) only when the model expects it to be faster by more
 than MARGIN, since the default is the measured one.
@@ -74,6 +77,13 @@ DRAM_GBPS = 3500.0       # floor: A, B and D cross DRAM at least once
 # bytes, median 0.88, 0.93-1.04 where the tail is not compute-bound); e.g. 4096x1280x8192, 80 tiles of 256x256 over
 # K = 8192: 671 MB, 205 us measured where the compute model said 135 and whole tiles 204.
 STREAMK_DRAM_SHARE = 0.9
+# Chunk counts the model tries for aligned stream-K ranges (gemm_schedule.cuh): few offsets share L2 best, more
+# balance the ranges better; 0 (ranges start at any K-tile) is always a candidate too.
+CHUNK_OPTIONS = (2, 3, 4, 6, 8)
+# Aligned ranges have not run on a GPU yet (issue 24): until RESULTS.md shows them ahead of unaligned ones and of
+# cuBLAS, the heuristic keeps chunks = 0 and only the tuner (which measures both) and FLUX_SHMEM_GEMM_CONFIG's
+# chunks= key use them. The model of them is ready: candidates(..., chunks=None).
+HEURISTIC_CHUNKS: Optional[int] = 0  # None: the model's best alignment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +96,15 @@ class Choice:
     source: str   # "heuristic", "tuned" or "forced"
     reason: str
     estimate_us: Optional[float] = None  # the model's figure (heuristic) or the measured median (tuned)
+    chunks: int = 0  # the stream-K tail's ranges start at this many chunk boundaries per tile (0: at any K-tile)
 
     @property
     def kernel_config(self) -> KernelConfig:
         return registry.get(self.config)
 
     def describe(self) -> str:
-        return f"{self.config} swizzle={self.swizzle} split={self.split} ({self.source}: {self.reason})"
+        chunks = f" chunks={self.chunks}" if self.chunks else ""
+        return f"{self.config} swizzle={self.swizzle} split={self.split}{chunks} ({self.source}: {self.reason})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,23 +121,42 @@ class Estimate:
     tail_tiles: int      # tiles of the stream-K tail (0 when split == 1)
     tail_units: int = 0  # the tail's ranges (clusters sharing its K-tiles)
     swizzle_note: str = ""
+    chunks: int = 0      # aligned ranges: chunk boundaries per tile they start at (0: any K-tile)
 
     def summary(self) -> str:
         s = f"{self.tiles} {self.config.tile_m}x{self.config.tile_n} cluster tiles = {self.waves:.2f} waves"
         if self.tail_units:
             s += f", last {self.tail_tiles} as stream-K over {self.tail_units} clusters"
+            s += f" at {self.chunks} K offsets" if self.chunks else ""
         return s + f", model {self.us:.0f} us"
 
 
-def tail_plan(tiles: int, clusters: int, split: int, k_tiles: int) -> Tuple[int, int]:
+def tail_chunks(k_tiles: int, chunks: int) -> int:
+    """The chunks per tile the tail's ranges may start at: fs::tail_chunks (0 or more than k_tiles: k_tiles)."""
+    return k_tiles if chunks <= 0 or chunks > k_tiles else chunks
+
+
+def tail_plan(tiles: int, clusters: int, split: int, k_tiles: int, chunks: int = 0) -> Tuple[int, int]:
     """(dp_tiles, tail_units): the kernel's fs::plan_tail (csrc/include/flux_shmem/gemm_schedule.cuh). Whole tiles
-    for all waves but the last whole one; the rest's K-tiles in tail_units even ranges (0: no tail)."""
+    for all waves but the last whole one; the rest's chunks (`tail_chunks` per tile) in tail_units even ranges (0:
+    no tail)."""
     if split <= 1 or tiles % clusters == 0:
         return tiles, 0
     waves = tiles // clusters
     dp = (waves - 1) * clusters if waves >= 1 else 0
     tail = tiles - dp
-    return dp, min(clusters, tail * split, tail * k_tiles)
+    return dp, min(clusters, tail * split, tail * tail_chunks(k_tiles, chunks))
+
+
+def tail_ranges(tail: int, units: int, k_tiles: int, chunks: int = 0) -> List[Tuple[int, int]]:
+    """The tail's ranges as (first, end) stream K-tiles, range c over chunks [c n / U, (c+1) n / U) (fs::unit_at's
+    range_start / chunk_start)."""
+    q = tail_chunks(k_tiles, chunks)
+    n = tail * q
+
+    def start(j: int) -> int:
+        return j // q * k_tiles + j % q * k_tiles // q
+    return [(start(c * n // units), start((c + 1) * n // units)) for c in range(units)]
 
 
 def dtype_name(dtype) -> str:
@@ -211,10 +242,33 @@ def _efficiency(cfg: KernelConfig) -> float:
     return EFFICIENCY.get((cfg.schedule, cfg.tile_m, cfg.tile_n), 0.85)
 
 
+def _tail_dram_bytes(cfg: KernelConfig, cm: int, cn: int, group: int, clusters: int, tail: int, k: int,
+                     a_bytes: int, offsets: int) -> float:
+    """A and B bytes the stream-K tail moves through DRAM: each tile's own (STREAMK_DRAM_SHARE x tail tiles x their
+    rows and columns x K) when its clusters walk K at many offsets; with few offsets, each offset's clusters read
+    one wave's rows and columns together (`offsets` x the tail's waves x a wave's), whichever is less."""
+    rows_c, cols_c = cfg.cluster_m * cfg.tile_m, cfg.cluster_n * cfg.tile_n
+    own = STREAMK_DRAM_SHARE * tail * (rows_c + cols_c) * k * a_bytes
+    g = max(1, min(group, cm))
+    wave = min(clusters, cm * cn)
+    rows = min(cm, max(g, -(-wave // cn))) * rows_c  # a wave of the raster: groups of g M-clusters across N
+    cols = min(cn, -(-wave // g)) * cols_c
+    shared = offsets * tail / max(1, wave) * (rows + cols) * k * a_bytes
+    return min(own, shared)
+
+
 def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: int = 1, *, elem_bytes: int = 2,
-             group_rows: Optional[int] = None, dtype: str = "bf16") -> Estimate:
+             group_rows: Optional[int] = None, dtype: str = "bf16", chunks: Optional[int] = 0) -> Estimate:
     """The model's time for one configuration and K split (see the module docstring). elem_bytes: of D; dtype:
-    the operands' (e4m3: K-tiles of registry.TILE_K_FP8 at FP8_SPEEDUP times the rate)."""
+    the operands' (e4m3: K-tiles of registry.TILE_K_FP8 at FP8_SPEEDUP times the rate); chunks: the stream-K
+    ranges' alignment (0: any K-tile; None: the best of CHUNK_OPTIONS and 0 in the model)."""
+    if chunks is None:
+        opts = [0] + [q for q in CHUNK_OPTIONS if q < -(-k // registry.tile_k(dtype))]  # q >= k-tiles is 0
+        ests = [estimate(cfg, m, n, k, sm_count, split, elem_bytes=elem_bytes, group_rows=group_rows, dtype=dtype,
+                         chunks=q) for q in opts]
+        return min(ests, key=lambda e: (round(e.us, 6), e.chunks == 0, e.chunks))  # a tie: aligned, fewest offsets
+    if chunks < 0:
+        raise FluxShmemError(f"chunks must be >= 0 (0: stream-K ranges start at any K-tile), got {chunks}")
     if min(m, n, k) <= 0:
         raise FluxShmemError(f"bad GEMM size {m}x{n}x{k}")
     if not 1 <= split <= cfg.max_splits:
@@ -230,20 +284,24 @@ def estimate(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, split: in
     out_bytes = cfg.tile_m * cfg.tile_n * elem_bytes
     epi_us = (EPILOGUE_US + out_bytes / (STORE_GBPS * 1e3)) if not cfg.pingpong else 0.1 * EPILOGUE_US
     tile_us = k_tiles * step_us + epi_us
-    dp, units = tail_plan(tiles, clusters, split, k_tiles)
+    q = tail_chunks(k_tiles, chunks)
+    dp, units = tail_plan(tiles, clusters, split, k_tiles, chunks)
+    swizzle, note = swizzle_for(cfg, m, group_rows, n)
     if units == 0:
-        us, tail = math.ceil(tiles / clusters) * tile_us, 0
+        us, tail, chunks = math.ceil(tiles / clusters) * tile_us, 0, 0
     else:
         tail = tiles - dp
         pieces = -(-units // tail) + (0 if units % tail == 0 else 1)  # most pieces of one tile
         reduce_us = pieces * (REDUCE_STEP_US + cfg.tile_m * cfg.tile_n * 4 / (REDUCE_GBPS * 1e3))
-        compute_us = math.ceil(tail * k_tiles / units) * step_us + math.ceil(tail / units) * epi_us
-        operand_bytes = tail * (cfg.cluster_m * cfg.tile_m + cfg.cluster_n * cfg.tile_n) * k * (1 if dtype == "e4m3"
-                                                                                                 else 2)
-        dram_us = STREAMK_DRAM_SHARE * operand_bytes / (DRAM_GBPS * 1e3)
+        ranges = tail_ranges(tail, units, k_tiles, chunks)
+        longest = max(b - a for a, b in ranges)
+        compute_us = longest * step_us + math.ceil(tail / units) * epi_us
+        offsets = len({a % k_tiles for a, _ in ranges})  # K offsets the clusters start (and so walk) at
+        dram_us = _tail_dram_bytes(cfg, cm, cn, swizzle, clusters, tail, k, 1 if dtype == "e4m3" else 2,
+                                   offsets) / (DRAM_GBPS * 1e3)
         us = dp // clusters * tile_us + max(compute_us, dram_us) + reduce_us
-    swizzle, note = swizzle_for(cfg, m, group_rows, n)
-    return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, units, note)
+        chunks = 0 if q == k_tiles else q
+    return Estimate(cfg, swizzle, split, us, tiles, clusters, tiles / clusters, tail, units, note, chunks)
 
 
 def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, dtype: str = "bf16") -> List[int]:
@@ -263,8 +321,11 @@ def _split_options(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int, dty
 
 
 def candidates(m: int, n: int, k: int, sm_count: int, *, configs: Optional[Iterable[str]] = None,
-               group_rows: Optional[int] = None, elem_bytes: int = 2, dtype: str = "bf16") -> List[Estimate]:
-    """Every (configuration, split) the model considers, fastest first (ties: registry order, fewer splits)."""
+               group_rows: Optional[int] = None, elem_bytes: int = 2, dtype: str = "bf16",
+               chunks: Optional[int] = 0) -> List[Estimate]:
+    """Every (configuration, split) the model considers, fastest first (ties: registry order, fewer splits), each
+    with stream-K ranges aligned to `chunks` (0: unaligned, as the kernel's default; None: the model's best
+    alignment, `estimate`)."""
     names = list(configs) if configs is not None else list(registry.names())
     if not names:
         raise FluxShmemError("no kernel configuration to choose from (configs is empty)")
@@ -273,7 +334,7 @@ def candidates(m: int, n: int, k: int, sm_count: int, *, configs: Optional[Itera
         cfg = registry.get(name)
         for split in _split_options(cfg, m, n, k, sm_count, dtype):
             out.append((order, estimate(cfg, m, n, k, sm_count, split, elem_bytes=elem_bytes,
-                                        group_rows=group_rows, dtype=dtype)))
+                                        group_rows=group_rows, dtype=dtype, chunks=chunks)))
     out.sort(key=lambda t: (t[1].us, t[0], t[1].split))
     return [e for _, e in out]
 
@@ -306,7 +367,7 @@ def allowed_configs(configs: Optional[Sequence[str]], dt: str) -> Tuple[str, ...
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments; ops ask per call
 def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int], names: Tuple[str, ...],
                dt: str = "bf16") -> Choice:
-    ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows, dtype=dt)
+    ranked = candidates(m, n, k, sm_count, configs=names, group_rows=group_rows, dtype=dt, chunks=HEURISTIC_CHUNKS)
     default = registry.default_for(dt)
     base_name = default if default in names else names[0]
     base = next(e for e in ranked if e.config.name == base_name and e.split == 1)
@@ -317,7 +378,7 @@ def _heuristic(m: int, n: int, k: int, sm_count: int, group_rows: Optional[int],
         why = f"{base.us / best.us:.2f}x faster than the default in the model"
     reason = f"{best.summary()}; {why}" + (f"; {best.swizzle_note}" if best.swizzle_note else "")
     return Choice(best.config.name, best.swizzle, best.split, "heuristic", reason,
-                  round(max(best.us, _dram_floor_us(m, n, k, *elem_bytes(dt))) + LAUNCH_US, 1))
+                  round(max(best.us, _dram_floor_us(m, n, k, *elem_bytes(dt))) + LAUNCH_US, 1), best.chunks)
 
 
 def _dram_floor_us(m: int, n: int, k: int, elem_bytes: int = 2, out_bytes: Optional[int] = None) -> float:
@@ -338,7 +399,8 @@ def _check(m: int, n: int, k: int, dtype, layout: str, sm_count: int) -> None:
 
 
 def forced() -> dict:
-    """The fields FLUX_SHMEM_GEMM_CONFIG sets: {'config': str, 'swizzle': int, 'split': int} (any subset)."""
+    """The fields FLUX_SHMEM_GEMM_CONFIG sets: {'config': str, 'swizzle': int, 'split': int, 'chunks': int} (any
+    subset; chunks=0: stream-K ranges start at any K-tile)."""
     raw = os.environ.get(ENV_FORCE, "").strip()
     if not raw:
         return {}
@@ -359,8 +421,12 @@ def forced() -> dict:
                 if not val.isdigit() or not 1 <= int(val) <= registry.MAX_SPLITS:
                     raise FluxShmemError(f"split must be in [1, {registry.MAX_SPLITS}]")
                 out["split"] = int(val)
+            elif key == "chunks":
+                if not val.isdigit():
+                    raise FluxShmemError("chunks must be an integer >= 0 (0: ranges start at any K-tile)")
+                out["chunks"] = int(val)
             else:
-                raise FluxShmemError("keys are config, swizzle and split")
+                raise FluxShmemError("keys are config, swizzle, split and chunks")
         except FluxShmemError as e:
             raise FluxShmemError(f"{ENV_FORCE}={raw!r}: bad entry {part!r}: {e}") from None
     return out
@@ -372,8 +438,10 @@ def _apply_forced(choice: Choice, force: dict, m: int, group_rows: Optional[int]
     cfg = registry.get(force.get("config", choice.config))
     swizzle = force.get("swizzle", choice.swizzle if cfg.name == choice.config else swizzle_for(cfg, m, group_rows, n)[0])
     split = min(force.get("split", choice.split if cfg.name == choice.config else 1), cfg.max_splits)
-    text = ",".join(f"{k}={v}" for k, v in force.items())
-    return Choice(cfg.name, swizzle, split, "forced", f"{ENV_FORCE}={text}; otherwise {choice.source}")
+    chunks = force.get("chunks", choice.chunks if (cfg.name, split) == (choice.config, choice.split) else 0)
+    text = ",".join(f"{key}={v}" for key, v in force.items())
+    return Choice(cfg.name, swizzle, split, "forced", f"{ENV_FORCE}={text}; otherwise {choice.source}",
+                  chunks=chunks)
 
 
 def _fit_group(choice: Choice, m: int, group_rows: Optional[int]) -> Choice:
@@ -410,7 +478,7 @@ def choose(m: int, n: int, k: int, dtype, layout: str, sm_count: int, group_rows
         if entry is not None and entry.config in allowed:
             choice = Choice(entry.config, entry.swizzle, entry.split, "tuned",
                             f"measured {entry.ms * 1e3:.0f} us ({entry.candidates} candidates, {entry.measured}; "
-                            "PE 0's tuning cache)", round(entry.ms * 1e3, 1))
+                            "PE 0's tuning cache)", round(entry.ms * 1e3, 1), entry.chunks)
     elif use_cache and "config" not in force:
         choice = _tuned(m, n, k, dt, layout, sm_count, allowed, device)
     if choice is not None:
@@ -440,7 +508,7 @@ def _tuned(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, allowed:
         return None
     return Choice(entry.config, entry.swizzle, entry.split, "tuned",
                   f"measured {entry.ms * 1e3:.0f} us on {device.gpu} ({entry.candidates} candidates, "
-                  f"{entry.measured})", round(entry.ms * 1e3, 1))
+                  f"{entry.measured})", round(entry.ms * 1e3, 1), entry.chunks)
 
 
 def _tune_now(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, device):

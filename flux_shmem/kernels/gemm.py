@@ -45,9 +45,9 @@ B_LAYOUTS = ("kn", "nk")
 DTYPE_NAMES = ("bf16", "fp16", "e4m3")
 FP8_LAYOUTS = ("nk",)
 
-# Fields added after the first release go at the end (issue 11: splits, workspace; issue 26: fp8 scales), in both
-# structs alike.
-_TAIL = [("splits", c_i32), ("pad1_", c_i32), ("workspace", c_ptr), ("workspace_bytes", c_u64),
+# Fields added after the first release go at the end (issue 11: splits, workspace; issue 26: fp8 scales; issue 24:
+# tail_chunks, in what was padding), in both structs alike.
+_TAIL = [("splits", c_i32), ("tail_chunks", c_i32), ("workspace", c_ptr), ("workspace_bytes", c_u64),
          ("scale_a", c_ptr), ("scale_b", c_ptr), ("scale_kind", c_i32), ("pad2_", c_i32)]
 SCALE_ROWWISE_A = 1  # scale_kind bits (gemm_abi.h FS_SCALE_ROWWISE_*): that scale is a vector, else one float
 SCALE_ROWWISE_B = 2
@@ -372,8 +372,8 @@ def plain_args(family: str, a, b, d, bias, m: int, n: int, k: int, *, sm_count: 
     """Argument struct of a plain GEMM (no waits, no signals) of either family with `choice`'s swizzle and split;
     scale_a/scale_b (device addresses of fp32 scales) and scale_kind for the e4m3 kernels."""
     common = dict(m=m, n=n, k=k, a=a, b=b, d=d, bias=bias or 0, sm_count=sm_count, device_id=device_id,
-                  swizzle=choice.swizzle, splits=choice.split, ctx=FsCtx(), scale_a=scale_a or 0,
-                  scale_b=scale_b or 0, scale_kind=scale_kind)
+                  swizzle=choice.swizzle, splits=choice.split, tail_chunks=choice.chunks, ctx=FsCtx(),
+                  scale_a=scale_a or 0, scale_b=scale_b or 0, scale_kind=scale_kind)
     return ARGS_TYPE[family](**common)
 
 

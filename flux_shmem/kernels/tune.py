@@ -33,7 +33,7 @@ class TuneResult:
 
 
 def label(c: kconfig.Choice) -> str:
-    return f"{c.config}/sw{c.swizzle}/sp{c.split}"
+    return f"{c.config}/sw{c.swizzle}/sp{c.split}" + (f"/q{c.chunks}" if c.chunks else "")
 
 
 def tune_candidates(m: int, n: int, k: int, sm_count: int, *, group_rows: Optional[int] = None,
@@ -44,11 +44,11 @@ def tune_candidates(m: int, n: int, k: int, sm_count: int, *, group_rows: Option
     dt = kconfig.dtype_name(dtype)
     configs = kconfig.allowed_configs(configs, dt)
     heur = kconfig.heuristic(m, n, k, dt, "nk", sm_count, group_rows, configs=configs)
-    ranked = kconfig.candidates(m, n, k, sm_count, configs=configs, group_rows=group_rows, dtype=dt)
+    ranked = kconfig.candidates(m, n, k, sm_count, configs=configs, group_rows=group_rows, dtype=dt, chunks=None)
     out: List[kconfig.Choice] = [heur]
 
-    def add(cfg: str, swizzle: int, split: int, why: str) -> None:
-        c = kconfig.Choice(cfg, swizzle, split, "candidate", why)
+    def add(cfg: str, swizzle: int, split: int, why: str, chunks: int = 0) -> None:
+        c = kconfig.Choice(cfg, swizzle, split, "candidate", why, chunks=chunks)
         if all(label(c) != label(o) for o in out):
             out.append(c)
 
@@ -59,11 +59,14 @@ def tune_candidates(m: int, n: int, k: int, sm_count: int, *, group_rows: Option
     for e in ranked:  # the two best splits of every configuration, fastest first
         if per_config.get(e.config.name, 0) < 2:
             per_config[e.config.name] = per_config.get(e.config.name, 0) + 1
-            add(e.config.name, e.swizzle, e.split, "model rank")
+            add(e.config.name, e.swizzle, e.split, "model rank", e.chunks)
     leaders = list(out[:3])
     for c in leaders:  # swizzle 1 for the leaders: a wave along whole N rows instead of groups
         if c.swizzle != 1:
-            add(c.config, 1, c.split, "swizzle 1")
+            add(c.config, 1, c.split, "swizzle 1", c.chunks)
+    for c in leaders:  # aligned stream-K ranges against unaligned ones: the model's L2 sharing is a rough guess
+        if c.chunks:
+            add(c.config, c.swizzle, c.split, "unaligned stream-K", 0)
     return out[:max(2, max_candidates)]
 
 
@@ -257,7 +260,7 @@ def tune_shape(m: int, n: int, k: int, dtype, layout: str, sm_count: int, *, fam
     c = by_label[best]
     entry = tune_cache.Entry(c.config, c.swizzle, c.split, round(times[best], 6),
                              round(times[label(heur)], 6) if label(heur) in times else None, len(times), family,
-                             tune_cache.now())
+                             tune_cache.now(), c.chunks)
     if verbose:
         for name in sorted(times, key=times.get):
             print(f"  {name:28s} {times[name] * 1e3:9.1f} us" + ("  <- best" if name == best else "")

@@ -62,6 +62,7 @@ class Entry:
     candidates: int = 0
     family: str = ""
     measured: str = ""
+    chunks: int = 0  # the stream-K tail's alignment it was measured with (0: ranges at any K-tile; older files)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -120,6 +121,8 @@ def _entry(path: Path, key: str, raw) -> Entry:
         raise bad(f"has swizzle {e.swizzle!r} (1, 2, 4 or 8)")
     if not isinstance(e.split, int) or not 1 <= e.split <= cfg.max_splits:
         raise bad(f"has split {e.split!r} ({cfg.name} takes 1 to {cfg.max_splits})")
+    if not isinstance(e.chunks, int) or e.chunks < 0:
+        raise bad(f"has chunks {e.chunks!r} (an integer >= 0)")
     if not isinstance(e.ms, (int, float)) or not e.ms > 0:
         raise bad(f"has time {e.ms!r} ms (must be > 0)")
     return e

@@ -109,7 +109,8 @@ class AllGatherGEMM(FusedGEMM):
             chunk_flags=flags.data_ptr(), epoch=target.data_ptr(), rows_per_shard=ms,
             chunk_rows=ag.chunk_rows, chunks_per_shard=-(-ms // ag.chunk_rows), wait=int(wait),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
-            splits=choice.split, scale_a=scales[0], scale_b=scales[1], scale_kind=scales[2])
+            splits=choice.split, tail_chunks=choice.chunks, scale_a=scales[0], scale_b=scales[1],
+            scale_kind=scales[2])
         self.kernel(layout, choice.config).launch(args)
 
     def __call__(self, a_shard: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -92,7 +92,8 @@ class GEMMReduceScatter(FusedGEMM):
             bias=bias.data_ptr() if bias is not None else 0, sm_count=sm_count, device_id=rt.device,
             tile_ready=eng.tile_ready.data_ptr() if counters else 0, epoch=eng.sync.epoch.data_ptr(),
             m_tile_order=order.data_ptr() if order is not None else 0, swizzle=swizzle, ctx=signals.ctx(),
-            splits=choice.split, scale_a=scales[0], scale_b=scales[1], scale_kind=scales[2])
+            splits=choice.split, tail_chunks=choice.chunks, scale_a=scales[0], scale_b=scales[1],
+            scale_kind=scales[2])
         self.kernel(layout, choice.config).launch(args, started=started)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,

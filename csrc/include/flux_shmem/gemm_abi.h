@@ -58,7 +58,9 @@ typedef struct FsAgGemmArgs {
   /* added for split-K (issue 11); new fields go at the end */
   int32_t splits;                /* 0 or 1: whole tiles; S > 1: the last two waves as stream-K, about S pieces per
                                     tile at most (gemm_schedule.cuh); needs the workspace */
-  int32_t pad1_;
+  int32_t tail_chunks;           /* 0: the stream-K tail's ranges start at any K-tile; q > 0: only where one of q
+                                    equal K chunks of a tile starts, so its clusters walk K at q offsets, sharing
+                                    A and B in L2 (issue 24; was padding, 0, before) */
   void* workspace;               /* zeroed once when allocated (the kernel resets its locks), or NULL */
   uint64_t workspace_bytes;      /* size of workspace (fs_<family>_<dt>_<bl>_workspace_size) */
   /* added for fp8 (issue 26): the e4m3 kernels' fp32 scales, D = scale_b * (scale_a * A x B) + bias; both NULL in
@@ -86,7 +88,7 @@ typedef struct FsGemmRsArgs {
   int32_t pad_;
   FsCtx ctx;
   int32_t splits;                /* as in FsAgGemmArgs */
-  int32_t pad1_;
+  int32_t tail_chunks;           /* as in FsAgGemmArgs */
   void* workspace;
   uint64_t workspace_bytes;
   const void* scale_a;           /* as in FsAgGemmArgs */

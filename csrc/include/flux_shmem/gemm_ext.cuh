@@ -140,6 +140,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   struct Arguments : Base::Arguments {
     const int32_t* m_tile_order = nullptr;
     int32_t splits = 1;
+    int32_t tail_chunks = 0;  // the tail's ranges start only at this many chunk boundaries per tile (0: any K-tile)
     fs::Ctx ctx{};  // timeout and error slot of the split-K lock waits (timeout_ns 0: wait without one)
   };
 
@@ -166,7 +167,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     return static_cast<int64_t>(grid.x) * grid.y * grid.z / (kClusterM * kClusterN);
   }
 
-  static fs::UnitGrid unit_grid(int64_t m, int64_t n, int64_t k, int swizzle, int splits,
+  static fs::UnitGrid unit_grid(int64_t m, int64_t n, int64_t k, int swizzle, int splits, int chunks,
                                 cutlass::KernelHardwareInfo const& hw_info) {
     fs::UnitGrid g;
     g.clusters_m = fs::ceil_div_int(fs::tiles_along(m, kTileM), kClusterM);
@@ -174,6 +175,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     g.group = swizzle < 1 ? 1 : (swizzle > g.clusters_m ? g.clusters_m : swizzle);
     g.k_tiles = fs::tiles_along(k, kTileK);
     g.splits = splits < 1 ? 1 : splits;
+    g.chunks = chunks < 0 ? 0 : chunks;
     fs::plan_tail(&g, persistent_clusters(hw_info));
     return g;
   }
@@ -208,7 +210,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
                   k = cute::get<2>(problem_shape_mnkl);
     p.m_tile_order = args.m_tile_order;
     p.ctx = args.ctx;
-    p.grid = unit_grid(m, n, k, args.max_swizzle_size, args.splits, hw_info);
+    p.grid = unit_grid(m, n, k, args.max_swizzle_size, args.splits, args.tail_chunks, hw_info);
     p.units = fs::unit_count(p.grid);
     p.tiles_m = fs::tiles_along(m, kTileM);
     if (kSplitK && split_cta_tiles(p.grid) > 0 && workspace != nullptr) {
@@ -219,7 +221,7 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   }
 
   static bool can_implement(Arguments const& args) {
-    return args.max_swizzle_size >= 1 && args.splits >= 1 && args.splits <= kMaxSplits;
+    return args.max_swizzle_size >= 1 && args.splits >= 1 && args.splits <= kMaxSplits && args.tail_chunks >= 0;
   }
 
   template <class ProblemShape, class ElementAccumulator>
@@ -229,7 +231,8 @@ class OrderedTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     static_assert(cute::is_same_v<ElementAccumulator, float>, "split-K partials are fp32");
     if (!kSplitK || args.splits <= 1) return 0;
     const fs::UnitGrid g = unit_grid(cute::get<0>(problem_shape), cute::get<1>(problem_shape),
-                                     cute::get<2>(problem_shape), args.max_swizzle_size, args.splits, hw_info);
+                                     cute::get<2>(problem_shape), args.max_swizzle_size, args.splits, args.tail_chunks,
+                                     hw_info);
     if (split_cta_tiles(g) == 0) return 0;
     return kLockRegionBytes + reduction_bytes(g);
   }
@@ -968,6 +971,11 @@ int check_splits(const char* kname, typename Kernel::Arguments const& args) {
                   kMax == 1 ? " (pingpong kernels do not split K: use a cooperative configuration)" : "");
     return fail(kErrArgs, buf);
   }
+  if (args.scheduler.tail_chunks < 0) {
+    std::snprintf(buf, sizeof buf, "%s: tail_chunks=%d must be >= 0 (0: ranges start at any K-tile)", kname,
+                  args.scheduler.tail_chunks);
+    return fail(kErrArgs, buf);
+  }
   if (splits > k_tiles) {
     std::snprintf(buf, sizeof buf, "%s: splits=%d exceeds the %d K-tiles of k=%d: use at most %d splits", kname,
                   splits, k_tiles, cute::get<2>(args.problem_shape), k_tiles);
@@ -1046,7 +1054,8 @@ int finish_params(const char* kname, typename Kernel::Arguments const& args, voi
 // Fills the mainloop/epilogue operand fields common to both families. `swizzle` (1, 2, 4, 8; checked by
 // check_problem): the scheduler walks groups of swizzle clusters of M-tiles across N; `splits` (0 means 1; checked
 // by finish_params): > 1 runs the last two waves as stream-K, in at most about `splits` pieces per tile
-// (fs::plan_tail). The policy for both is the caller's (flux_shmem/kernels/config.py).
+// (fs::plan_tail), its ranges starting at `tail_chunks` chunk boundaries per tile (0: at any K-tile; more than the
+// tile's K-tiles counts as 0). The policy for both is the caller's (flux_shmem/kernels/config.py).
 // The epilogue's fusion arguments: D = acc + bias[n] (16-bit), or the fp8 visitor tree (evt::ScaledAccBias), whose
 // arguments nest as the tree does, children first: {scale_b, {scale_a, acc, multiply}, bias, multiply_add}.
 template <class Cfg, class FusionArgs>
@@ -1068,7 +1077,7 @@ void fill_fusion(FusionArgs& t, const void* bias, ScaleArgs const& s) {
 template <class Cfg, class Args>
 void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d,
                    const void* bias, int32_t sm_count, int32_t device_id, const int32_t* m_tile_order,
-                   int32_t swizzle, int32_t splits, ScaleArgs const& scales = ScaleArgs{}) {
+                   int32_t swizzle, int32_t splits, int32_t tail_chunks, ScaleArgs const& scales = ScaleArgs{}) {
   using Kernel = typename Cfg::Kernel;
   using ElementA = typename Cfg::ElementA;
   using ElementB = typename Cfg::ElementB;
@@ -1091,6 +1100,7 @@ void fill_operands(Args& args, int64_t m, int64_t n, int64_t k, const void* a, c
   args.scheduler.m_tile_order = m_tile_order;
   args.scheduler.max_swizzle_size = swizzle == 0 ? 1 : swizzle;
   args.scheduler.splits = splits == 0 ? 1 : splits;
+  args.scheduler.tail_chunks = tail_chunks;
 }
 
 }  // namespace host
@@ -1159,7 +1169,7 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsAgGemmArgs, pad_)
   FS_ABI_FIELD(FsAgGemmArgs, ctx)
   FS_ABI_FIELD(FsAgGemmArgs, splits)
-  FS_ABI_FIELD(FsAgGemmArgs, pad1_)
+  FS_ABI_FIELD(FsAgGemmArgs, tail_chunks)
   FS_ABI_FIELD(FsAgGemmArgs, workspace)
   FS_ABI_FIELD(FsAgGemmArgs, workspace_bytes)
   FS_ABI_FIELD(FsAgGemmArgs, scale_a)
@@ -1182,7 +1192,7 @@ extern "C" int64_t fs_abi_offsetof(const char* type, const char* field) {
   FS_ABI_FIELD(FsGemmRsArgs, pad_)
   FS_ABI_FIELD(FsGemmRsArgs, ctx)
   FS_ABI_FIELD(FsGemmRsArgs, splits)
-  FS_ABI_FIELD(FsGemmRsArgs, pad1_)
+  FS_ABI_FIELD(FsGemmRsArgs, tail_chunks)
   FS_ABI_FIELD(FsGemmRsArgs, workspace)
   FS_ABI_FIELD(FsGemmRsArgs, workspace_bytes)
   FS_ABI_FIELD(FsGemmRsArgs, scale_a)

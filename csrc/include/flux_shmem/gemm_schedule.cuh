@@ -22,6 +22,15 @@
 // resident (the launch checks occupancy). With T % P == 0 nothing is split. When U divides into tail_tiles evenly, every
 // tail tile runs as U / tail_tiles equal splits (the old split-K of the tail). Cluster c processes units c, c + C,
 // c + 2C, ... with C = stride: P with whole tiles before the tail, else U (the grid has exactly C clusters).
+//
+// Aligned ranges (chunks q, 1 <= q <= k_tiles; 0 means k_tiles): ranges then start only where one of q equal chunks
+// of a tile starts (chunk i of a tile begins at K-tile floor(i k_tiles / q)): the stream is tail_tiles x q chunks,
+// U = min(P, tail_tiles * S, tail_tiles * q) and cluster c takes chunks [floor(c n / U), floor((c+1) n / U)),
+// n = tail_tiles * q. Why: clusters start the tail together and walk K at one rate, so with q chunks their K
+// offsets take only q values, and the clusters at one offset read the same K-slabs of A and B, which L2 then
+// shares, as it does for a wave of whole tiles. Unaligned ranges (q = k_tiles: the even K-tile split above) start
+// at as many offsets as clusters, and the tail's operands cross DRAM about once per tile (RESULTS.md, 2026-12-06:
+// stream-K at 0.84 of cuBLAS where whole tiles ran 0.97). The price is balance: ranges differ by up to a chunk.
 #pragma once
 
 #include <stdint.h>
@@ -40,6 +49,7 @@ struct UnitGrid {
   int32_t group = 1;       // swizzle: clusters along M per group, 1 <= group <= clusters_m
   int32_t splits = 1;      // S: at most S ranges per tail tile on average (1: no tail, every tile whole)
   int32_t k_tiles = 1;     // K-tiles of one output tile
+  int32_t chunks = 0;      // q: the tail's ranges start at chunk boundaries of a tile (0 or > k_tiles: k_tiles)
   int32_t dp_tiles = 0;    // cluster tiles (a prefix of the raster) computed whole
   int32_t tail_units = 0;  // U: ranges the tail is cut into (0: no tail)
   int32_t stride = 1;      // C: persistent clusters of the launch
@@ -58,6 +68,11 @@ struct Unit {
 
 FS_GS_HD int64_t cluster_tiles(const UnitGrid& g) { return static_cast<int64_t>(g.clusters_m) * g.clusters_n; }
 
+// The chunks of a tile that range boundaries may fall on (1 .. k_tiles).
+FS_GS_HD int64_t tail_chunks(const UnitGrid& g) {
+  return (g.chunks <= 0 || g.chunks > g.k_tiles) ? g.k_tiles : g.chunks;
+}
+
 // dp_tiles, tail_units and stride of g (its other fields set) on `clusters` persistent clusters.
 FS_GS_HD void plan_tail(UnitGrid* g, int64_t clusters) {
   const int64_t t = cluster_tiles(*g);
@@ -73,7 +88,7 @@ FS_GS_HD void plan_tail(UnitGrid* g, int64_t clusters) {
   const int64_t tail = t - g->dp_tiles;
   int64_t u = clusters;
   if (tail * g->splits < u) u = tail * g->splits;
-  if (tail * g->k_tiles < u) u = tail * g->k_tiles;
+  if (tail * tail_chunks(*g) < u) u = tail * tail_chunks(*g);
   g->tail_units = static_cast<int32_t>(u);
   g->stride = static_cast<int32_t>(g->dp_tiles > 0 ? clusters : u);
 }
@@ -82,8 +97,8 @@ FS_GS_HD void plan_tail(UnitGrid* g, int64_t clusters) {
 // cluster's last item are invalid; a cluster stops at its first invalid unit).
 FS_GS_HD int64_t unit_count(const UnitGrid& g) {
   if (g.tail_units <= 0) return g.dp_tiles;
-  const int64_t w = (cluster_tiles(g) - g.dp_tiles) * g.k_tiles;
-  const int64_t longest = (w + g.tail_units - 1) / g.tail_units;
+  const int64_t q = tail_chunks(g), n = (cluster_tiles(g) - g.dp_tiles) * q;
+  const int64_t longest = (n + g.tail_units - 1) / g.tail_units * ((g.k_tiles + q - 1) / q);  // K-tiles, at most
   const int64_t items = (longest + g.k_tiles - 2) / g.k_tiles + 1;  // a range of L K-tiles touches <= this many tiles
   return g.dp_tiles + items * g.stride;
 }
@@ -103,9 +118,13 @@ FS_GS_HD void cluster_of(const UnitGrid& g, int64_t t, int32_t* cm, int32_t* cn)
   *cn = static_cast<int32_t>(rem / width);
 }
 
-// Range c of the tail starts at stream K-tile floor(c W / U); the range holding stream K-tile x.
-FS_GS_HD int64_t range_start(int64_t c, int64_t w, int64_t u) { return c * w / u; }
-FS_GS_HD int64_t range_of(int64_t x, int64_t w, int64_t u) { return ((x + 1) * u - 1) / w; }
+// The tail's stream in chunks (q per tile, chunk i of a tile starting at its K-tile floor(i kt / q)): range c
+// starts at chunk floor(c n / U); the stream K-tile where chunk j starts; the chunk holding stream K-tile x; the
+// range holding chunk j.
+FS_GS_HD int64_t range_start(int64_t c, int64_t n, int64_t u) { return c * n / u; }
+FS_GS_HD int64_t chunk_start(int64_t j, int64_t q, int64_t kt) { return j / q * kt + j % q * kt / q; }
+FS_GS_HD int64_t chunk_of(int64_t x, int64_t q, int64_t kt) { return x / kt * q + ((x % kt + 1) * q - 1) / kt; }
+FS_GS_HD int64_t range_of(int64_t j, int64_t n, int64_t u) { return ((j + 1) * u - 1) / n; }
 
 // Unit id, 0 <= id < unit_count(g).
 FS_GS_HD Unit unit_at(const UnitGrid& g, int64_t id) {
@@ -122,12 +141,12 @@ FS_GS_HD Unit unit_at(const UnitGrid& g, int64_t id) {
   } else {
     const Unit none{0, 0, 0, 1, 0, 0, -1, false};
     const int64_t v = id - g.dp_tiles, item = v / g.stride, c = v - item * g.stride;
-    const int64_t u = g.tail_units, kt = g.k_tiles, w = (cluster_tiles(g) - g.dp_tiles) * kt;
+    const int64_t u = g.tail_units, kt = g.k_tiles, q = tail_chunks(g), n = (cluster_tiles(g) - g.dp_tiles) * q;
     if (u <= 0 || c >= u) return none;  // no tail, or a cluster beyond its ranges
-    const int64_t a = range_start(c, w, u), b = range_start(c + 1, w, u);
+    const int64_t a = chunk_start(range_start(c, n, u), q, kt), b = chunk_start(range_start(c + 1, n, u), q, kt);
     const int64_t tile = a / kt + item, ts = tile * kt;  // the tail tile of this item and its first stream K-tile
     if (ts >= b) return none;  // past the range's last item
-    const int64_t lo = range_of(ts, w, u), hi = range_of(ts + kt - 1, w, u);
+    const int64_t lo = range_of(chunk_of(ts, q, kt), n, u), hi = range_of(chunk_of(ts + kt - 1, q, kt), n, u);
     const int64_t k0 = a > ts ? a : ts, k1 = b < ts + kt ? b : ts + kt;
     t = g.dp_tiles + tile;
     r.split = static_cast<int32_t>(hi - c);
