@@ -10,7 +10,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 

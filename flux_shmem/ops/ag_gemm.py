@@ -18,7 +18,6 @@ from ..kernels import registry
 from ..runtime import pacing, signals, stall, symmetric
 from . import simulate
 from ._fused import FusedGEMM
-from ._validate import positive
 from ._schedule import fused_chunk_rows
 from .all_gather import AllGather, ce_capable
 

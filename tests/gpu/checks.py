@@ -1155,7 +1155,7 @@ def beside_gemm_rates(rt, rows, cols, xs):
         ms = sorted(times)[len(times) // 2]
         res.append(f"{blocks} blocks {(W - 1) * rows * cols * 2 / ms / 1e6 / blocks:.0f} GB/s per block ({ms:.3f} ms)")
     if rt.rank == 0:
-        print(f"CHECK info: all-gather beside a GEMM on the other SMs: " + "; ".join(res), flush=True)
+        print("CHECK info: all-gather beside a GEMM on the other SMs: " + "; ".join(res), flush=True)
     flux_shmem.barrier()
 
 
