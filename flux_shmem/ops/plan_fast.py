@@ -524,10 +524,9 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     cm, tn = gemm.cluster_m, -(-geo.n // geo.tile_n)
     tiles_m = len(geo.pos)
     rows_c = -(-tiles_m // cm)
-    C = np.array([gemm_clusters(tiles_m, tn, cm, sp.gemm_sms) for sp in splits])[:, None, None]
-    sw = np.array([max(1, min(sp.swizzle, rows_c)) for sp in splits])[:, None]
-    gt = np.array([sp.group_tiles for sp in splits])[:, None]
-    cb = np.array([sp.comm_blocks for sp in splits], dtype=float)[:, None]
+    per = np.array([(gemm_clusters(tiles_m, tn, cm, sp.gemm_sms), max(1, min(sp.swizzle, rows_c)), sp.group_tiles,
+                     sp.comm_blocks) for sp in splits]).T[:, :, None]
+    C, sw, gt, cb = per[0][:, :, None], per[1], per[2], per[3].astype(float)
     groups = -(-tn // gt)
     gmax = int(groups.max())
     G = np.arange(gmax)[None, :]
@@ -557,13 +556,17 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     units = (units_e[ent] * valid[sp_idx, grp]).astype(float)
     loads = rows_e[ent] * width[sp_idx, grp] * eb
     tu = np.array([gemm.tile_us * S.swizzle_cost(gemm, sp.swizzle, tiles_m) for sp in splits])[:, None]
-    rows = [(w.reshape(-1)[flat].reshape(K, -1) // C[:, :, 0] + 1) * tu, units,
-            units * (d_ns[sp_idx, grp] + lk.put_issue_us * remote_e[ent]),
-            loads * (L - 1) / (lk.nvlink_gbps * 1e3)]
-    if N > 1:  # final sums (units, time) and the IB link's time
-        rows += [units * own_e[ent], units * own_e[ent] * d_fin[sp_idx, grp],
-                 loads * remote_e[ent] / (lk.ib_gbps * 1e3)]
-    v = np.stack(rows)
+    # v[0]: the piece's completion; v[1:4]: units, block time, link time; v[4:7] (several nodes): final sums'
+    # units and time, the IB link's time
+    v = np.empty((7 if N > 1 else 4,) + units.shape)
+    np.multiply(w.reshape(-1)[flat].reshape(K, -1) // C[:, :, 0] + 1, tu, out=v[0])
+    v[1] = units
+    np.multiply(units, d_ns[sp_idx, grp] + lk.put_issue_us * remote_e[ent], out=v[2])
+    np.divide(loads * (L - 1), lk.nvlink_gbps * 1e3, out=v[3])
+    if N > 1:
+        np.multiply(units, own_e[ent], out=v[4])
+        np.multiply(v[4], d_fin[sp_idx, grp], out=v[5])
+        np.divide(loads * remote_e[ent], lk.ib_gbps * 1e3, out=v[6])
     tails = [i for i, sp in enumerate(splits) if sp.tail]
     main = np.ones((K, ne * gmax))
     if tails:  # the last `tail` pieces of the completion order: keys from the tail-th largest distinct one on
@@ -574,8 +577,8 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
         want = np.array([splits[i].tail for i in tails])[:, None]
         thr = srt[np.arange(len(tails)), np.minimum((nth < want).sum(axis=1), srt.shape[1] - 1)]
         main[tails] = key.reshape(-1)[flat].reshape(K, -1)[tails] < thr[:, None]
-    first = np.searchsorted(owner, np.arange(L)) * gmax  # each reducer's first slot
-    counts = np.diff(np.append(first, ne * gmax))        # slots per reducer
+    counts = np.bincount(owner, minlength=L) * gmax     # slots per reducer
+    first = np.cumsum(counts) - counts                   # each reducer's first slot
 
     last = first + counts - 1                            # each reducer's last slot
 
