@@ -20,7 +20,9 @@ The last lines, one per family and layout, are
     fused-mainloop ag_gemm <layout> sm<S>: min R at <shape>, geomean G (gemm_only ms / fused ms)
 
 with G and M the cuBLAS ms / ours ms ratios (higher is better). FLUX_SHMEM_GEMM_PDL=1 launches our plain GEMMs with
-programmatic dependent launch (recorded in the JSONL config record): compare a run with and one without. --budget-s stops starting new shapes in time for
+programmatic dependent launch (recorded in the JSONL config record): compare a run with and one without.
+--cublas-kernels records which kernel cuBLAS ran per shape (torch.profiler: tile, cluster, split-K / stream-K, as
+`cublas_kernel` and `cublas_choice` in the result rows), to compare with our choice. --budget-s stops starting new shapes in time for
 the fused phase (a header line says how many shapes ran). Exit codes: 0 ok, 1 an output check failed, 2 bad
 arguments, 3 no GPU.
 """
@@ -43,6 +45,43 @@ from benchmarks import shapes as _shapes  # noqa: E402
 
 FUSED_SHAPES = "8192x1280x8192,8192x3584x8192,16384x7168x8192"
 FAMILIES = ("ag_gemm", "gemm_rs")
+
+
+def cublas_choice(name: str) -> str:
+    """A short summary of a cuBLAS kernel name: its tile, cluster and K decomposition, e.g.
+    'sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cluster2x1x1_..._execute_segment_k_off_kernel' ->
+    'tile 128x256x64 cluster 2x1x1 segment_k off'; cuBLAS 12.8+'s nvjet kernels
+    ('nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT') -> 'nvjet tile 256x128 k64x4 cluster 2x1 coopA' (tile, K-tile x
+    stages, cluster, as their names read). Unknown names come back whole."""
+    import re
+    jet = re.match(r"nvjet_[a-z]+_(\d+x\d+)_(\d+x\d+)_(\d+x\d+)_(.*)$", name)
+    if jet:
+        flags = [f for f in jet.group(4).split("_") if f not in ("v", "h", "bz") and not re.fullmatch("[TN]{3}", f)]
+        return " ".join([f"nvjet tile {jet.group(1)} k{jet.group(2)} cluster {jet.group(3)}"] + flags)
+    parts = []
+    for label, pat in (("tile", r"tilesize(\d+x\d+x\d+)"), ("cluster", r"cluster(\d+x\d+x\d+)"),
+                       ("warpgroups", r"warpgroupsize(\d+x\d+x\d+)")):
+        hit = re.search(pat, name)
+        if hit:
+            parts.append(f"{label} {hit.group(1)}")
+    hit = re.search(r"segment_k_(on|off)", name)
+    if hit:
+        parts.append(f"segment_k {hit.group(1)}")
+    for word in ("splitK", "splitk", "streamk", "stream_k", "sliced"):
+        if word in name:
+            parts.append(word.lower())
+    return " ".join(parts) if parts else name
+
+
+def cublas_kernels(fn) -> list[str]:
+    """The CUDA kernels one call of fn launches (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(0)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def geomean(xs):
@@ -94,6 +133,8 @@ def parse_args(argv=None):
     p.add_argument("--fused-shapes", default=FUSED_SHAPES, help="shapes of the fused-mainloop check ('' = none)")
     p.add_argument("--comm-sms", type=int, default=8, help="SMs a fused op leaves to communication")
     p.add_argument("--jsonl", default=None)
+    p.add_argument("--cublas-kernels", action="store_true",
+                   help="record cuBLAS's kernel per shape (torch.profiler; about a second per shape)")
     p.add_argument("--part", default=None, metavar="I/N",
                    help="run only shapes i, i+N, i+2N, ... of the suite (0 <= I < N): a long suite over several "
                         "device calls; --summarize then merges their JSONL files")
@@ -205,6 +246,7 @@ def main(argv=None) -> int:
             cublas(0)
             torch.cuda.synchronize()
             ref = sets[0][2].clone()
+            ck = cublas_kernels(cublas) if args.cublas_kernels else []  # (a split-K reduce kernel too, if any)
             fns = {"cublas": cublas}
             errs = {}
             plan = []  # (family, kind, choice, fn label)
@@ -226,12 +268,15 @@ def main(argv=None) -> int:
                 bad += not ok
                 rec = {"type": "result", "family": fam, "layout": lay, "kind": kind, "shape": s.shape,
                        "origins": list(s.origins), "config": ch.config, "swizzle": ch.swizzle, "split": ch.split,
+                       "chunks": ch.chunks, "cublas_kernel": ck, "cublas_choice": [cublas_choice(x) for x in ck],
                        "source": ch.source, "reason": ch.reason, "ours_ms": med[name], "cublas_ms": med["cublas"],
                        "ratio": med["cublas"] / med[name], "rel_err_vs_cublas": errs[name], "ok": ok,
                        "spread_ms": [min(times[name]), max(times[name])]}
                 rows.append(rec)
                 emit(rec)
                 line.append(f"{fam}/{kind[0]} {rec['ratio']:.3f}{'' if ok else ' FAIL'}")
+            if ck:
+                line.append("[cuBLAS " + "; ".join(cublas_choice(x) for x in ck) + "]")
             line.append(f"[h {tune.label(heur)} | t {tune.label(tuned)}] "
                         f"{time.time() - t_pair:.1f} s ({time.time() - t0:.0f} s)")
             print("  ".join(line), flush=True)

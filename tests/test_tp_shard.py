@@ -96,6 +96,20 @@ def test_summary_lines_format():
                      "(gemm_only ms / fused ms)"]
 
 
+def test_cublas_choice_summary():
+    """--cublas-kernels' summary of cuBLAS's kernel names (what cuBLAS chose, to compare with our choice)."""
+    from benchmarks import gemm_shapes
+    name = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cluster2x1x1_warpgroupsize2x1x1_"
+            "execute_segment_k_off_kernel__5x_cublas")
+    assert gemm_shapes.cublas_choice(name) == "tile 128x256x64 cluster 2x1x1 warpgroups 2x1x1 segment_k off"
+    assert gemm_shapes.cublas_choice("sm90_xmma_gemm_f16_streamk_tilesize64x128x64_kernel") == \
+        "tile 64x128x64 streamk"
+    assert gemm_shapes.cublas_choice("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT") == \
+        "nvjet tile 256x128 k64x4 cluster 2x1 coopA"
+    assert gemm_shapes.cublas_choice("ampere_bf16_s16816gemm") == "ampere_bf16_s16816gemm"
+    assert gemm_shapes.parse_args(["--cublas-kernels"]).cublas_kernels
+
+
 def test_suite_parts_and_merged_summary(tmp_path, capsys):
     """The whole tp-shard suite over several device calls: --part I/N splits it (every shape once), --summarize
     merges the parts' JSONL files into the issue's lines without a GPU."""
