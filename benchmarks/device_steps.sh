@@ -26,6 +26,9 @@
 #   torchrun        nn checks + a fixed step under torchrun --nproc-per-node 2, compared with flux-launch -n 2 (MPS)
 #   block2          benchmarks/llama_block.py --quick with 2 PEs (correctness, overheads)
 #   gemmgpu         the GEMM kernel tests of every configuration (tests/test_gemm_kernels_gpu.py)
+#   skalign         stream-K tails (128x256, split 2) unaligned and aligned to 2 and 4 K chunks (tail_chunks) against
+#                   cuBLAS on tail-heavy tp-shard shapes (SK_SHAPES), cuBLAS's own kernel recorded; a third of the
+#                   step each
 #   fp8gpu          the fp8 GEMM tests (tests/test_fp8_gpu.py)
 #   sweep2          issue 25 with 2 PEs under MPS: 50 distinct M per op checked, graphs after prepare(), small-M
 #                   auto vs fused / decomposed / cuBLAS + our collective, host time per call
@@ -81,6 +84,10 @@ for spec in "$@"; do
     gemmgpu) timeout "$T" bash -c "export FLUX_SHMEM_CACHE=$PWD/.cache/kernels; ls .whl/*.whl >/dev/null 2>&1 && \
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site:$PWD \
       python3 -m pytest -q -p no:cacheprovider tests/test_gemm_kernels_gpu.py" 2>&1 | tail -15 ;;
+    skalign) for q in 0 2 4; do echo "--- chunks=$q"; FLUX_SHMEM_GEMM_CONFIG=config=128x256_c2x1,split=2,chunks=$q \
+      timeout $((T / 3)) bash $S shapes --shapes "${SK_SHAPES:-4096x1280x8192,1024x7392x8192,2048x3584x8192,4096x1536x4096,8192x1280x8192,1024x4608x12288,4096x1792x4096,1024x6656x16384}" \
+      --layouts nk --families gemm_rs --tune none --fused-shapes '' --rounds 3 $([ $q = 0 ] && echo --cublas-kernels) \
+      --jsonl "$OUT/gemm_shapes_q$q.jsonl" | tail -12; done ;;
     sweep2) timeout "$T" bash $S mps checks 2 sweep | grep -E "CHECK|Error|error|assert" ;;
     fp8ops1) timeout "$T" bash $S checks 1 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8ops2) timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
