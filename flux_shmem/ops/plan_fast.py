@@ -424,6 +424,14 @@ class RsGeometry:
         return RsGeometry(world, L, m, n, elem_bytes, unit_rows, tile_m, tile_n, pos, tile, seg % L, hi - lo, units,
                           (node == 0).astype(np.int64), np.argsort(seg % L, kind="stable"))
 
+    @functools.cached_property
+    def first_of_tile(self) -> np.ndarray:
+        """Per entry, whether it is its M-tile's first (`rs_estimates`: a piece's distinct keys)."""
+        first = np.zeros(len(self.tile), dtype=bool)
+        first[np.unique(self.tile, return_index=True)[1]] = True
+        first.setflags(write=False)
+        return first
+
     @property
     def order(self) -> list[int]:
         """Node 0's M-tile order table."""
@@ -508,9 +516,9 @@ class RsSplit:
 
 def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_blocks: int,
                  links: S.Links) -> np.ndarray:
-    """`simulate.simulate_gemm_rs`'s fused time of each split, in closed form, all splits at once (numpy over
-    [split, reducer's entries x groups]). `gemm` and `links` as they run beside each other (`Gemm.beside_comm`,
-    `Links.beside`).
+    """`simulate.simulate_gemm_rs`'s fused time of each split, in closed form, all splits at once (numpy over one
+    flat array of slots: per split and reducer, its (entry, column group) pieces, latest completion first).
+    `gemm` and `links` as they run beside each other (`Gemm.beside_comm`, `Links.beside`).
 
     A piece (M-tile, column group) completes with the work item of its row that holds the group's last N-tile
     (`_schedule.gemm_items`), at the end of that item's wave. A reducer's comm blocks take its units in completion
@@ -524,102 +532,113 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     cm, tn = gemm.cluster_m, -(-geo.n // geo.tile_n)
     tiles_m = len(geo.pos)
     rows_c = -(-tiles_m // cm)
-    per = np.array([(gemm_clusters(tiles_m, tn, cm, sp.gemm_sms), max(1, min(sp.swizzle, rows_c)), sp.group_tiles,
-                     sp.comm_blocks) for sp in splits]).T[:, :, None]
-    C, sw, gt, cb = per[0][:, :, None], per[1], per[2], per[3].astype(float)
+    K, ne = len(splits), len(geo.tile)
+    # per split: clusters, swizzle, width in N-tiles, blocks, tile time, column groups
+    C, sw, gt, cb = np.array([(gemm_clusters(tiles_m, tn, cm, sp.gemm_sms), max(1, min(sp.swizzle, rows_c)),
+                               sp.group_tiles, sp.comm_blocks) for sp in splits]).T
+    tu = np.array([gemm.tile_us * S.swizzle_cost(gemm, sp.swizzle, tiles_m) for sp in splits])
     groups = -(-tn // gt)
     gmax = int(groups.max())
-    G = np.arange(gmax)[None, :]
-    valid = G < groups                                                    # [split, group]
-    e = geo.by_owner
-    owner, units_e, rows_e = geo.owner[e], geo.units[e], geo.rows[e]
-    own_e = geo.own[e] if N > 1 else np.zeros(len(e), dtype=np.int64)   # final sums: several nodes only
-    remote_e = 1 - geo.own[e] if N > 1 else own_e
-    pos = geo.pos[geo.tile[e]]
-    r = (pos // cm)[None, :]
-    gi = r // sw
-    base, nrows = gi * sw * tn + r - gi * sw, np.minimum(sw, rows_c - gi * sw)   # [split, entry]
-    w = base[:, :, None] + (np.minimum((G + 1) * gt, tn) - 1)[:, None, :] * nrows[:, :, None]
-    key = (w * tiles_m + pos[None, :, None]) * gmax + G[:, None, :]      # rs_completion's order
-    big = int(key.max()) + 1
-    key = np.where(valid[:, None, :], key, big)
-    K, ne = len(splits), len(e)
-    order = np.argsort((owner[None, :, None] * (big + 1) + key).reshape(K, -1), axis=1, kind="stable")
-    width = np.where(valid, np.minimum((G + 1) * gt * geo.tile_n, geo.n) - G * gt * geo.tile_n, 0)
+    G = np.arange(gmax)
+    valid = G < groups[:, None]                                                     # [split, group]
+    width = np.where(valid, np.minimum((G + 1) * gt[:, None] * geo.tile_n, geo.n) - G * gt[:, None] * geo.tile_n, 0)
     nb = geo.unit_rows * width * eb
-    d_ns, d_fin = _node_sum_us(nb, L, lk), _unit_us(nb, N, lk)             # [split, group]
-    # the slots in completion order: their entries, groups and values (gathers from the small per-entry and
-    # per-[split, group] arrays)
-    ent, grp = order // gmax, order % gmax
-    sp_idx = np.arange(K)[:, None]
-    flat = (order + sp_idx * order.shape[1]).ravel()
-    units = (units_e[ent] * valid[sp_idx, grp]).astype(float)
-    loads = rows_e[ent] * width[sp_idx, grp] * eb
-    tu = np.array([gemm.tile_us * S.swizzle_cost(gemm, sp.swizzle, tiles_m) for sp in splits])[:, None]
-    # v[0]: the piece's completion; v[1:4]: units, block time, link time; v[4:7] (several nodes): final sums'
-    # units and time, the IB link's time
-    v = np.empty((7 if N > 1 else 4,) + units.shape)
-    np.multiply(w.reshape(-1)[flat].reshape(K, -1) // C[:, :, 0] + 1, tu, out=v[0])
+    d_ns, d_fin = _node_sum_us(nb, L, lk), _unit_us(nb, N, lk)                      # [split, group]
+    # the slots: per split, every entry's groups (entry-major, as a reducer takes a piece's groups)
+    per_split = ne * groups
+    sk = np.repeat(np.arange(K), per_split)
+    local = np.arange(len(sk)) - np.repeat(np.cumsum(per_split) - per_split, per_split)
+    e, g = np.divmod(local, groups[sk])
+    pos = geo.pos[geo.tile][e]
+    r = pos // cm
+    s_ = sw[sk]
+    gi = r // s_
+    w = gi * s_ * tn + r - gi * s_ + (np.minimum((g + 1) * gt[sk], tn) - 1) * np.minimum(s_, rows_c - gi * s_)
+    key = (w * tiles_m + pos) * gmax + g                                            # rs_completion's order
+    big = int(key.max()) + 1
+    seg = sk * L + geo.owner[e]                                                     # (split, reducer)
+    # in each (split, reducer) segment its slots latest first, so that a sum from a slot to the reducer's end is
+    # a running sum (the ascending stable order reversed, segments included)
+    perm = np.argsort(seg * big + key, kind="stable")[::-1]
+    sk, e, g, w, key, seg = sk[perm], e[perm], g[perm], w[perm], key[perm], seg[perm]
+    counts = np.bincount(seg, minlength=K * L)[::-1]                                # slots per segment, as laid
+    starts = np.cumsum(counts) - counts
+
+    def seg_sum(x):
+        return np.add.reduceat(x, starts, axis=-1)[..., ::-1].reshape(x.shape[:-1] + (K, L))
+
+    def seg_max(x):
+        return np.maximum.reduceat(x, starts, axis=-1)[..., ::-1].reshape(x.shape[:-1] + (K, L))
+
+    def running(x):  # per slot, its segment's sum of x from the slot's piece on (in completion order)
+        cs = np.cumsum(x, axis=-1)
+        return cs - np.repeat(cs[..., starts] - x[..., starts], counts, axis=-1)
+
+    units = geo.units[e].astype(float)
+    loads = geo.rows[e] * width[sk, g] * eb
+    remote = (1 - geo.own[e]) if N > 1 else None
+    v = np.empty((7 if N > 1 else 4, len(sk)))
+    np.multiply(w // C[sk] + 1, tu[sk], out=v[0])       # the piece's completion
     v[1] = units
-    np.multiply(units, d_ns[sp_idx, grp] + lk.put_issue_us * remote_e[ent], out=v[2])
-    np.divide(loads * (L - 1), lk.nvlink_gbps * 1e3, out=v[3])
-    if N > 1:
-        np.multiply(units, own_e[ent], out=v[4])
-        np.multiply(v[4], d_fin[sp_idx, grp], out=v[5])
-        np.divide(loads * remote_e[ent], lk.ib_gbps * 1e3, out=v[6])
+    np.multiply(units, d_ns[sk, g] + lk.put_issue_us * remote if N > 1 else d_ns[sk, g], out=v[2])
+    np.multiply(loads, (L - 1) / (lk.nvlink_gbps * 1e3), out=v[3])
+    if N > 1:   # final sums' units and time, the IB link's time
+        np.multiply(units, geo.own[e], out=v[4])
+        np.multiply(v[4], d_fin[sk, g], out=v[5])
+        np.multiply(loads, remote / (lk.ib_gbps * 1e3), out=v[6])
     tails = [i for i, sp in enumerate(splits) if sp.tail]
-    main = np.ones((K, ne * gmax))
+    main = None
     if tails:  # the last `tail` pieces of the completion order: keys from the tail-th largest distinct one on
-        keys = key.reshape(K, -1)[tails]
-        srt = np.sort(keys, axis=1)[:, ::-1]
-        new_piece = np.c_[srt[:, :1] < big, (srt[:, 1:] != srt[:, :-1]) & (srt[:, 1:] < big)]
-        nth = np.cumsum(new_piece, axis=1)                # distinct pieces from the end, at each sorted slot
-        want = np.array([splits[i].tail for i in tails])[:, None]
-        thr = srt[np.arange(len(tails)), np.minimum((nth < want).sum(axis=1), srt.shape[1] - 1)]
-        main[tails] = key.reshape(-1)[flat].reshape(K, -1)[tails] < thr[:, None]
-    counts = np.bincount(owner, minlength=L) * gmax     # slots per reducer
-    first = np.cumsum(counts) - counts                   # each reducer's first slot
+        want = np.zeros(K, dtype=np.int64)
+        want[tails] = [splits[i].tail for i in tails]
+        # (a piece's keys: one per entry of its M-tile; those of the tile's first entry alone are distinct)
+        pick_ = (want[sk] > 0) & geo.first_of_tile[e]
+        pieces = np.sort((sk * big + key)[pick_])
+        n_k = np.bincount(sk[pick_], minlength=K)
+        end = np.cumsum(n_k)
+        thr = np.full(K, np.inf)
+        thr[tails] = pieces[np.maximum(end - want, end - n_k)[tails]] % big
+        main = (key < thr[sk]).astype(float)
 
-    last = first + counts - 1                            # each reducer's last slot
-
-    def suffix(x, mid=None):  # per slot, its reducer's sum of x from the slot on (and the dropped middle's)
-        cs = np.cumsum(x, axis=-1)                                          # everything up to the slot
-        end = cs[..., last]                                                 # ... up to each reducer's end
-        out = np.repeat(end if mid is None else end + mid, counts, axis=-1) - cs + x
-        return out if mid is None else out - np.repeat(mid, counts, axis=-1) * (1 - early)
-
-    mid = None
+    mid = early = None
     if geo.middle is not None:   # the dropped middle per [split, reducer]: units, block time, loads, finals, IB
-        early = np.repeat(geo.early[e], gmax)[order]
+        early = geo.early[e]
         mu, mr, mo, mrem, mrr = (x[None, :] for x in geo.middle)
-        ng, sd, wd = valid.sum(1, keepdims=True), (d_ns * valid).sum(1, keepdims=True), width.sum(1, keepdims=True)
-        mid = np.stack([mu * ng, mu * sd + mrem * ng * lk.put_issue_us,
+        ng, wd = valid.sum(1, keepdims=True), width.sum(1, keepdims=True)
+        mid = np.stack([mu * ng, mu * (d_ns * valid).sum(1, keepdims=True) + mrem * ng * lk.put_issue_us,
                         mr * wd * eb * (L - 1) / (lk.nvlink_gbps * 1e3), mo * ng,
                         mo * (d_fin * valid).sum(1, keepdims=True), mrr * wd * eb / (lk.ib_gbps * 1e3)])
+        at = np.flatnonzero(early)                                        # the middle follows these slots
+        mid_at = mid.reshape(6, -1)[:, seg[at]]
 
-    def per_pe(x, op=np.add):
-        return op.reduceat(x, first, axis=-1)
+    def later(x, i):  # running sums of x, the dropped middle's row(s) i added after the early slots
+        out = running(x)
+        if mid is not None:
+            out[..., at] += mid_at[i]
+        return out
 
     h = (2 * L - 3) / (L - 1) if L > 2 else 1.0
-    burst = ((h - 1) * (L - 1) * (nb * valid).sum(axis=1, keepdims=True) / valid.sum(axis=1, keepdims=True)
-             / (lk.nvlink_gbps * 1e3))                                   # per unit reduced at once, [split, 1]
-    span = (-(-(rows_c * tn) // C[:, :, 0]) * tu)                        # [split, 1]
-    us, ws, ls = suffix(v[1:4] * main if tails else v[1:4], None if mid is None else mid[:3])
-    t = v[0] + np.maximum(np.ceil(us / cb) * ws / np.maximum(us, 1), ls)
-    ends = np.maximum(per_pe(t * main if tails else t, np.maximum), span)
+    burst = ((h - 1) * (L - 1) * (nb * valid).sum(axis=1) / valid.sum(axis=1) / (lk.nvlink_gbps * 1e3))[:, None]
+    span = (-(-(rows_c * tn) // C) * tu)[:, None]                                  # [split, 1]
+    cb_s = cb[sk].astype(float)
+    us, ws, ls = later(v[1:4] * main if tails else v[1:4], slice(0, 3))
+    t = v[0] + np.maximum(np.ceil(us / cb_s) * ws / np.maximum(us, 1), ls)
+    ends = np.maximum(seg_max(t * main if tails else t), span)                     # [split, reducer]
+    d_fin_max = d_fin.max(axis=1)[:, None]
+    cbk = cb[:, None].astype(float)
     if N > 1:
-        fin_u, fin_t = per_pe(v[4] * main), per_pe(v[5] * main)
+        fin_u, fin_t = seg_sum(v[4:6] * main if tails else v[4:6])
         if mid is not None:
             fin_u, fin_t = fin_u + mid[3], fin_t + mid[4]
-        ends += np.ceil(fin_u / cb) * fin_t / np.maximum(fin_u, 1)
-        ib = v[6] * main  # my IB link carries my node partials of the other nodes' segments, in completion order
+        ends += np.ceil(fin_u / cbk) * fin_t / np.maximum(fin_u, 1)
+        ib = v[6] * main if tails else v[6]  # my IB link carries my node partials of the other nodes' segments
         done = v[0] + v[2] / np.maximum(v[1], 1)       # the piece's node sum, then the puts from there on
-        land = per_pe(np.where(ib > 0, done + suffix(ib, None if mid is None else mid[5]), 0.0), np.maximum)
-        ends = np.maximum(ends, land + lk.ib_latency_us + d_fin.max(axis=1, keepdims=True))
+        land = seg_max(np.where(ib > 0, done + later(ib, 5), 0.0))
+        ends = np.maximum(ends, land + lk.ib_latency_us + d_fin_max)
     if tails:
         tb, tl = float(tail_blocks), 1.0 - main
-        ut, wt, lt = per_pe(v[1:4] * tl)
-        ft, fw = per_pe(v[4:6] * tl) if N > 1 else (np.zeros_like(ut), np.zeros_like(ut))
+        ut, wt, lt = seg_sum(v[1:4] * tl)
+        ft, fw = seg_sum(v[4:6] * tl) if N > 1 else (np.zeros_like(ut), np.zeros_like(ut))
         e_tail = (lt.sum(axis=1, keepdims=True) - lt.min(axis=1, keepdims=True)) / max(L - 1, 1)
         ends = np.where((ends > span) & (ut.sum(axis=1, keepdims=True) > 0), ends + e_tail, ends)
         # the PEs with a tail start it at once: their loads queue on every peer's egress, the burst of all PEs at
@@ -631,8 +650,8 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
                                      np.where(ut > 0, e_tail, 0.0))
         ends = np.maximum(ends, np.where(ut > 0, tail_end + np.ceil(ft / tb) * fw / np.maximum(ft, 1), 0.0))
         if N > 1:  # the tail's node partials of other nodes' segments go over IB before their final sums
-            ib_t = per_pe(v[6] * tl)
-            land = tail_end + ib_t + lk.ib_latency_us + d_fin.max(axis=1, keepdims=True)
+            ib_t = seg_sum(v[6] * tl)
+            land = tail_end + ib_t + lk.ib_latency_us + d_fin_max
             ends = np.maximum(ends, np.where(ib_t > 0, land, 0.0))
     return ends.max(axis=1)
 
@@ -777,7 +796,7 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
         while todo:
             best = min(est.values()) if est else math.inf
             todo = [c for c in todo if bound(c) < best / 0.995]
-            # (a round costs ~0.25 ms of numpy set-up however few candidates it holds: a short remainder joins)
+            # (a round costs ~0.15 ms of numpy set-up however few candidates it holds: a short remainder joins)
             cut = len(todo) if len(todo) <= EVAL_BATCH + EVAL_JOIN else EVAL_BATCH
             batch, todo = todo[:cut], todo[cut:]
             if batch:
