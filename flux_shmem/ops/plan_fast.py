@@ -536,6 +536,7 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     # per split: clusters, swizzle, width in N-tiles, blocks, tile time, column groups
     C, sw, gt, cb = np.array([(gemm_clusters(tiles_m, tn, cm, sp.gemm_sms), max(1, min(sp.swizzle, rows_c)),
                                sp.group_tiles, sp.comm_blocks) for sp in splits]).T
+    cb = cb.astype(float)
     tu = np.array([gemm.tile_us * S.swizzle_cost(gemm, sp.swizzle, tiles_m) for sp in splits])
     groups = -(-tn // gt)
     gmax = int(groups.max())
@@ -600,15 +601,14 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
         thr[tails] = pieces[np.maximum(end - want, end - n_k)[tails]] % big
         main = (key < thr[sk]).astype(float)
 
-    mid = early = None
+    mid = None
     if geo.middle is not None:   # the dropped middle per [split, reducer]: units, block time, loads, finals, IB
-        early = geo.early[e]
         mu, mr, mo, mrem, mrr = (x[None, :] for x in geo.middle)
         ng, wd = valid.sum(1, keepdims=True), width.sum(1, keepdims=True)
         mid = np.stack([mu * ng, mu * (d_ns * valid).sum(1, keepdims=True) + mrem * ng * lk.put_issue_us,
                         mr * wd * eb * (L - 1) / (lk.nvlink_gbps * 1e3), mo * ng,
                         mo * (d_fin * valid).sum(1, keepdims=True), mrr * wd * eb / (lk.ib_gbps * 1e3)])
-        at = np.flatnonzero(early)                                        # the middle follows these slots
+        at = np.flatnonzero(geo.early[e])                                 # the middle follows these slots
         mid_at = mid.reshape(6, -1)[:, seg[at]]
 
     def later(x, i):  # running sums of x, the dropped middle's row(s) i added after the early slots
@@ -620,12 +620,12 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     h = (2 * L - 3) / (L - 1) if L > 2 else 1.0
     burst = ((h - 1) * (L - 1) * (nb * valid).sum(axis=1) / valid.sum(axis=1) / (lk.nvlink_gbps * 1e3))[:, None]
     span = (-(-(rows_c * tn) // C) * tu)[:, None]                                  # [split, 1]
-    cb_s = cb[sk].astype(float)
+    cb_s = cb[sk]
     us, ws, ls = later(v[1:4] * main if tails else v[1:4], slice(0, 3))
     t = v[0] + np.maximum(np.ceil(us / cb_s) * ws / np.maximum(us, 1), ls)
     ends = np.maximum(seg_max(t * main if tails else t), span)                     # [split, reducer]
     d_fin_max = d_fin.max(axis=1)[:, None]
-    cbk = cb[:, None].astype(float)
+    cbk = cb[:, None]
     if N > 1:
         fin_u, fin_t = seg_sum(v[4:6] * main if tails else v[4:6])
         if mid is not None:
