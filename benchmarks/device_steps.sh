@@ -33,6 +33,12 @@
 #   sweep2          issue 25 with 2 PEs under MPS: 50 distinct M per op checked, graphs after prepare(), small-M
 #                   auto vs fused / decomposed / cuBLAS + our collective, host time per call
 #   fp8ops1 / fp8ops2 / fp8put2  the fp8 fused-op checks (group fp8) with 1 PE, 2 PEs under MPS, 2 PEs forced puts
+#   table           our plain GEMMs (heuristic) against cuBLAS over the tp-shard-small suite (M 64-512), then the whole
+#                   tp-shard suite, both layouts, 2/5 and 3/5 of the step: the records behind the plain-GEMM backend
+#                   table (issue 36), in $OUT/table_<suite>.jsonl
+#   autosweep2 / autosweep4  issue 36 with 2 / 4 PEs under MPS, links emulated (NVLink's 360 GB/s x the PE's SM
+#                   share): mode 'auto' against fused, decomposed and cuBLAS + our collective, M 64-16384 on six shard
+#                   shapes; fails where auto is more than 5% slower than the best
 #   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
 #                   FP8_FAMILY default both) vs torch._scaled_mm, records in $OUT/gemm_fp8.jsonl
 # Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
@@ -88,6 +94,14 @@ for spec in "$@"; do
       timeout $((T / 3)) bash $S shapes --shapes "${SK_SHAPES:-4096x1280x8192,1024x7392x8192,2048x3584x8192,4096x1536x4096,8192x1280x8192,1024x4608x12288,4096x1792x4096,1024x6656x16384}" \
       --layouts nk --families gemm_rs --tune none --fused-shapes '' --rounds 3 $([ $q = 0 ] && echo --cublas-kernels) \
       --jsonl "$OUT/gemm_shapes_q$q.jsonl" | tail -12; done ;;
+    table) timeout $((T * 2 / 5)) bash $S shapes --suite tp-shard-small --tune none --fused-shapes '' --rounds 4 \
+      --budget-s $((T * 2 / 5 - 15)) --jsonl "$OUT/table_tp-shard-small.jsonl" | tail -6
+      timeout $((T * 3 / 5)) bash $S shapes --suite tp-shard --tune none --fused-shapes '' --rounds 4 \
+      --budget-s $((T * 3 / 5 - 15)) --jsonl "$OUT/table_tp-shard.jsonl" | tail -6 ;;
+    autosweep2) FLUX_SHMEM_LINK_GBPS=174.545 NVSHMEM_SYMMETRIC_SIZE=6G timeout "$T" bash $S mps checks 2 autosweep \
+      | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
+    autosweep4) FLUX_SHMEM_LINK_GBPS=87.273 NVSHMEM_SYMMETRIC_SIZE=6G timeout "$T" bash $S mps checks 4 autosweep \
+      | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     sweep2) timeout "$T" bash $S mps checks 2 sweep | grep -E "CHECK|Error|error|assert" ;;
     fp8ops1) timeout "$T" bash $S checks 1 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8ops2) timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;

@@ -44,6 +44,7 @@ __all__ = [
     "SuiteName",
     "tp_shard_suite",
     "tp_shard_quick",
+    "tp_shard_small",
     "suite",
 ]
 
@@ -414,7 +415,17 @@ def tp_shard_quick() -> List[ShardShape]:
     return [full[t] for t in TP_SHARD_QUICK]
 
 
-SUITES = {"tp-shard": tp_shard_suite, "tp-shard-quick": tp_shard_quick}
+# Small M (decode, short prefill chunks) over the suite's every N x K: where a fused op's fixed costs and our GEMM's
+# small-M kernels decide against cuBLAS (issue 36).
+TP_SHARD_SMALL_MS = (64, 128, 256, 512)
+
+
+def tp_shard_small() -> List[ShardShape]:
+    """The tp-shard suite's N x K pairs at M = TP_SHARD_SMALL_MS."""
+    return tp_shard_suite(ms=TP_SHARD_SMALL_MS)
+
+
+SUITES = {"tp-shard": tp_shard_suite, "tp-shard-quick": tp_shard_quick, "tp-shard-small": tp_shard_small}
 
 
 class SuiteName(str):

@@ -1677,6 +1677,105 @@ def small_m_auto_and_host_overhead(rt):
             print(f"CHECK info: {r}", flush=True)
 
 
+# Issue 36: mode 'auto' never slower than cuBLAS + our collective. Per-PE shard shapes (n, k) of three popular
+# models at TP8 (AG: column-parallel, RS: row-parallel), M over the whole range a user calls with.
+AUTO_SWEEP_SHAPES = {"AllGatherGEMM": ((3584, 8192), (1280, 8192), (1792, 4096)),
+                     "GEMMReduceScatter": ((8192, 3584), (8192, 1024), (4096, 1792))}
+AUTO_SWEEP_MS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+AUTO_SLACK = 1.05  # auto may be this much slower than the best path measured beside it
+
+
+def interleaved_ms(rt, fns: dict, calls: int, reps: int) -> dict:
+    """Device ms per call of `calls` back-to-back calls of each fn (all PEs at once, after a barrier), median of
+    `reps` rounds that alternate the fns' order (drift hits all alike); the largest over PEs."""
+    for fn in fns.values():
+        fn()
+    names = list(fns)
+    times: dict = {name: [] for name in names}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(reps):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            torch.cuda.synchronize()
+            rt.host.barrier()
+            start.record()
+            for _ in range(calls):
+                fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / calls)
+    med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    every = rt.host.allgather(med)
+    return {name: max(pe[name] for pe in every) for name in names}
+
+
+@check("autosweep")
+def auto_vs_cublas_sweep(rt):
+    """Mode 'auto' against fused, decomposed and cuBLAS + our collective, every op on three shard shapes, M from 64
+    to 16384 (AUTO_SWEEP_MS), outputs checked first; fails where auto runs more than AUTO_SLACK over the best path
+    measured beside it. Prints one line per case and `auto vs cuBLAS+collective: min R over S cases` (R: cuBLAS +
+    collective time / auto time)."""
+    W = rt.world_size
+    assert W > 1, "autosweep compares communication paths: run it with 2 or more PEs"
+    ms_all = [int(x) for x in os.environ.get("FLUX_SHMEM_SWEEP_MS", "").split(",") if x] or list(AUTO_SWEEP_MS)
+    rows, slow = [], []
+    for name, shapes in AUTO_SWEEP_SHAPES.items():
+        cls = getattr(flux_shmem, name)
+        for n, k in shapes:
+            top = max(ms_all) // W * W
+            g = torch.Generator(device="cuda").manual_seed(36 + rt.rank + n + k)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
+            ops = {mode: cls(top, n, k, torch.bfloat16, mode=mode) for mode in ("auto", "fused", "decomposed")}
+            coll = flux_shmem.AllGather(top // W, k) if name == "AllGatherGEMM" else flux_shmem.ReduceScatter(top, n)
+            for m in ms_all:
+                m = max(W, m // W * W)
+                rows_in = m // W if name == "AllGatherGEMM" else m
+                a_all = gathered_inputs(rt, (rows_in, k), torch.bfloat16, m + n)
+                a = a_all[rt.rank]
+                if name == "AllGatherGEMM":
+                    def cublas(a=a):
+                        return coll(a) @ w.t()
+                    ref = (torch.cat(a_all).double() @ w.double().t()).float()
+                else:
+                    def cublas(a=a, m=m):
+                        buf = coll.input_buffer(m)
+                        torch.matmul(a, w.t(), out=buf)
+                        return coll(buf)
+                    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16,
+                                      generator=torch.Generator(device="cuda").manual_seed(36 + pe + n + k)) / k ** 0.5
+                          for pe in range(W)]
+                    seg = m // W
+                    ref = sum(x.double() @ v.double().t() for x, v in zip(a_all, ws))[rt.rank * seg:(rt.rank + 1) *
+                                                                                       seg].float()
+                fns = {mode: (lambda op=op, a=a: op(a, w.t())) for mode, op in ops.items()}
+                fns["cublas+coll"] = cublas
+                for mode, fn in fns.items():  # correct first (fresh inputs, fresh outputs)
+                    e = rel_err(fn(), ref)
+                    assert e < 2e-2, f"{name} {mode} M={m} n={n} k={k}: rel err {e}"
+                calls = max(3, min(30, int(3e11 / (2 * m * n * k))))  # a few ms of work per round at least
+                t = interleaved_ms(rt, fns, calls, 5)
+                best = min(v for p, v in t.items() if p != "auto")
+                r = t["cublas+coll"] / t["auto"]
+                path = ops["auto"].path(m)
+                rows.append((r, f"{name} {n}x{k} M={m}"))
+                line = (f"autosweep {name} {n}x{k} M={m}: auto ({path}) {t['auto'] * 1e3:.1f} us, fused "
+                        f"{t['fused'] * 1e3:.1f}, decomposed {t['decomposed'] * 1e3:.1f}, cuBLAS+collective "
+                        f"{t['cublas+coll'] * 1e3:.1f}; cuBLAS+collective / auto {r:.3f}, auto / best "
+                        f"{t['auto'] / best:.3f}")
+                if t["auto"] > AUTO_SLACK * best:
+                    slow.append(line)
+                if rt.rank == 0:
+                    print(f"CHECK info: {line}", flush=True)
+            del ops, coll
+            torch.cuda.synchronize()
+            flux_shmem.barrier()
+    worst = min(rows)
+    if rt.rank == 0:
+        print(f"CHECK info: auto vs cuBLAS+collective: min {worst[0]:.3f} over {len(rows)} cases (at {worst[1]}), "
+              f"world {W}", flush=True)
+    assert not slow, f"{len(slow)} of {len(rows)} cases: auto more than {AUTO_SLACK}x the best path: " + \
+        " | ".join(slow)
+
+
 def plan_for(groups: list[str]) -> list:
     """(group, check) pairs for group names or check names ("all": every group but the timeouts)."""
     if groups == ["all"]:
