@@ -1,4 +1,4 @@
-"""What the benchmarks predict: the fused ops through the tile-level simulator (flux_shmem.ops.simulate, which runs
+"""What the benchmarks predict: the fused ops through the tile-level simulator (flux_shmem.plan.simulate, which runs
 the ops' own schedules and makes the same engine / SM-split choices they do), the standalone collectives by bytes
 over bandwidth.
 
@@ -66,10 +66,10 @@ class Hardware:
 
     def links(self):
         """The simulator's link model for this hardware."""
-        from flux_shmem.ops import simulate
+        from flux_shmem.plan import costs
         if self.emulated:
-            return simulate.emulated_links(self.nvlink_gbps, self.link_latency_us, self.ib_gbps)
-        return simulate.Links(nvlink_gbps=self.nvlink_gbps, ib_gbps=self.ib_gbps,
+            return costs.emulated_links(self.nvlink_gbps, self.link_latency_us, self.ib_gbps)
+        return costs.Links(nvlink_gbps=self.nvlink_gbps, ib_gbps=self.ib_gbps,
                               nvlink_latency_us=self.link_latency_us)
 
 
@@ -138,18 +138,18 @@ def shard_bytes(op: str, m: int, n: int, k: int, world: int, elem_bytes: int) ->
 def simulate_fused(op: str, m: int, n_loc: int, k_loc: int, world: int, gpus_per_node: int, elem_bytes: int,
                    hw: Hardware, gemm_tflops: float):
     """The simulator's result for one fused op on per-GPU sizes, with the op's own choices (engine, SM split)."""
-    from flux_shmem.ops import _schedule as sch
-    from flux_shmem.ops import simulate
-    gemm = simulate.Gemm.from_rate(k_loc, gemm_tflops / hw.sms)
+    from flux_shmem.plan import costs, search
+    from flux_shmem.plan import schedules as sch
+    gemm = costs.Gemm.from_rate(k_loc, gemm_tflops / hw.sms)
     links = hw.links()
     if op == "ag_gemm":
-        engines = simulate.ag_engines(gpus_per_node == world, hw.emulated, world)
-        _, r = simulate.plan_ag_gemm(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
+        engines = search.ag_engines(gpus_per_node == world, hw.emulated, world)
+        _, r = search.plan_ag_gemm(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
                                      elem_bytes=elem_bytes, gemm=gemm, budget_sms=hw.sms,
                                      chunk_rows=sch.fused_chunk_rows(m // world, k_loc * elem_bytes, gemm.tile_m),
                                      links=links, engines=engines, pes=[0])
     else:
-        _, r = simulate.plan_gemm_rs(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
+        _, r = search.plan_gemm_rs(world=world, node_size=gpus_per_node, m=m, n=n_loc, k=k_loc,
                                      elem_bytes=elem_bytes, gemm=gemm, budget_sms=hw.sms,
                                      unit_rows=sch.default_unit_rows(n_loc, elem_bytes, gemm.tile_m), links=links)
     return r

@@ -158,9 +158,10 @@ def test_fused_fp8_scale_checks():
 
 def test_fp8_planner_inputs():
     """The planner models an fp8 GEMM at FP8_SPEEDUP times the bf16 rate; GEMM+RS plans its 16-bit partials."""
-    from flux_shmem.ops import _fused as F
-    g16, g8 = F.gemm_model(4096), F.gemm_model(4096, dtype="e4m3")
-    assert g8.tile_us == pytest.approx((g16.tile_us - F.TILE_FIXED_US) / config.FP8_SPEEDUP + F.TILE_FIXED_US)
+    from flux_shmem.plan import inputs
+    g16, g8 = inputs.gemm_model(4096), inputs.gemm_model(4096, dtype="e4m3")
+    assert g8.tile_us == pytest.approx((g16.tile_us - inputs.TILE_FIXED_US) / config.FP8_SPEEDUP +
+                                       inputs.TILE_FIXED_US)
 
 
 # --- the chooser ---------------------------------------------------------------------------------------------------

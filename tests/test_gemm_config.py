@@ -369,12 +369,12 @@ def test_fused_ops_choose_within_their_tile_height(monkeypatch):
     the plain GEMM of AllGatherGEMM may take any configuration. Their tuning-cache entries and forced fields are
     snapshots (PE 0's, agreed at construction), never the file or the environment of the calling PE."""
     import dataclasses
-    from flux_shmem.ops import simulate
-    from flux_shmem.ops._fused import PlanInputs
+    from flux_shmem.plan import costs
+    from flux_shmem.plan.inputs import PlanInputs
 
     same_height = tuple(c for c in registry.names() if registry.get(c).tile_m == registry.get(registry.DEFAULT).tile_m)
     inp = PlanInputs(family="ag_gemm", world=8, node_size=8, n=1280, k=8192, dtype="bf16", elem_bytes=2,
-                     mode="auto", budget_sms=132, sms=132, cluster_m=2, links=simulate.Links(), comm_blocks=None,
+                     mode="auto", budget_sms=132, sms=132, cluster_m=2, links=costs.Links(), comm_blocks=None,
                      fused_configs=same_height, plain_configs=None)
     monkeypatch.setattr(config, "_tuned", lambda *a, **k: pytest.fail("the fused ops read no cache file"))
     plain = inp.choice(1024, "nk", 132, False)

@@ -241,7 +241,7 @@ def test_stream_k_below_one_wave(enumerate_units):
 def test_simulator_walks_the_kernels_units(enumerate_units, tiles_m, tiles_n, swizzle, sms):
     """flux_shmem/ops/simulate.py gemm_work is the scheduler's unit order (no split): cluster c takes units c,
     c + C, ... and unit u is cluster tile unit_at(u)."""
-    from flux_shmem.ops.simulate import gemm_work
+    from flux_shmem.plan.simulate import gemm_work
     rows = -(-tiles_m // 2)
     work = gemm_work(tiles_m, tiles_n, 2, swizzle, sms)
     clusters = len(work)

@@ -2,7 +2,7 @@
 the plan, so a PE that planned another engine, split or GEMM configuration hangs the call (seen in review:
 AllGatherGEMM planned on each PE's own view, and 7 of 168 M values gave PEs of one node different engines).
 
-Plans are `_fused.plan_call(inputs, m, layout, rank)` (issue 25: decided per bucket of M by plan_fast's model): the
+Plans are `plan.call.plan_call(inputs, m, layout, rank)` (issue 25: decided per bucket of M by the fast model): the
 rank only picks the PE's own M-tile order out of the plan; the inputs are agreed at construction
 (`symmetric.agree`), so a PE built with other inputs raises there."""
 from __future__ import annotations
@@ -13,32 +13,34 @@ import pytest
 
 from flux_shmem.errors import SymmetricMismatchError
 from flux_shmem.kernels import registry
-from flux_shmem.ops import _fused as F
-from flux_shmem.ops import _schedule as sch
-from flux_shmem.ops import simulate as S
+from flux_shmem.plan import schedules as sch
+from flux_shmem.plan import costs
+from flux_shmem.plan import search
+from flux_shmem.plan import inputs as plan_inputs
+from flux_shmem.plan import call
 from flux_shmem.runtime import symmetric
 
 FUSED = tuple(c for c in registry.names() if (registry.get(c).tile_m, registry.get(c).cluster_m) == (128, 2)
               and not registry.get(c).pingpong)
 
 
-def inputs(family: str, world: int, node_size: int, n: int, k: int, max_m: int, **kw) -> F.PlanInputs:
+def inputs(family: str, world: int, node_size: int, n: int, k: int, max_m: int, **kw) -> plan_inputs.PlanInputs:
     """What an op built with these arguments on one 132-SM GPU per PE agrees on (the op's own derivations)."""
     base = dict(family=family, world=world, node_size=node_size, n=n, k=k, dtype="bf16", elem_bytes=2, mode="auto",
-                budget_sms=132, sms=132, cluster_m=2, links=S.Links(), comm_blocks=None)
+                budget_sms=132, sms=132, cluster_m=2, links=costs.Links(), comm_blocks=None)
     if family == "ag_gemm":
         base.update(fused_configs=FUSED, plain_configs=None,
-                    engines=S.ag_engines(node_size == world, False, world),
+                    engines=search.ag_engines(node_size == world, False, world),
                     chunk_rows=sch.fused_chunk_rows(max_m // world, 2 * k, 128),
-                    decomposed_comm_blocks=max(S.AG_COMM_BLOCKS))
+                    decomposed_comm_blocks=max(search.AG_COMM_BLOCKS))
     else:
         base.update(fused_configs=(registry.DEFAULT,), plain_configs=(registry.DEFAULT,),
-                    unit_rows=sch.default_unit_rows(n, 2, 128), decomposed_comm_blocks=max(S.RS_COMM_BLOCKS))
+                    unit_rows=sch.default_unit_rows(n, 2, 128), decomposed_comm_blocks=max(search.RS_COMM_BLOCKS))
     base.update(kw)
-    return F.PlanInputs(**base)
+    return plan_inputs.PlanInputs(**base)
 
 
-def shared(plan: F.CallPlan) -> tuple:
+def shared(plan: call.CallPlan) -> tuple:
     """Every field of a plan that peers depend on (all but the PE's own tile order and the prediction)."""
     return (plan.path, plan.engine, plan.comm_blocks, plan.gemm_sms, plan.swizzle, plan.tail, plan.tail_blocks,
             plan.group_tiles, plan.gemm)
@@ -63,7 +65,7 @@ def test_ag_gemm_every_rank_plans_alike(world, node_size):
     for n in (1280 * 8 // world, 28672 // world):
         inp = inputs("ag_gemm", world, node_size, n, 8192, 32768)
         for m in m_values(world, 200, 32768):
-            plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
+            plans = [call.plan_call(inp, m, "nk", r) for r in range(world)]
             assert len({shared(p) for p in plans}) == 1, (world, n, m, [shared(p) for p in plans])
             tiles = -(-m // 128)
             for p in plans:
@@ -78,7 +80,7 @@ def test_gemm_rs_every_rank_plans_alike(world, node_size):
     for kw in ({}, dict(comm_blocks=8, group_tiles=64)):
         inp = inputs("gemm_rs", world, node_size, 8192, 28672 // world, 65536, **kw)
         for m in m_values(world, 200, 65536):
-            plans = [F.plan_call(inp, m, "nk", r) for r in range(world)]
+            plans = [call.plan_call(inp, m, "nk", r) for r in range(world)]
             assert len({shared(p) for p in plans}) == 1, (world, m, kw)
             for p in plans:
                 assert p.order is None or sorted(p.order) == list(range(-(-m // 128)))
@@ -90,7 +92,7 @@ def test_review_cases_plan_alike():
     for n, ms in ((3584, (512, 1536)), (1280, (2560,))):
         inp = inputs("ag_gemm", 8, 8, n, 8192, 8192)
         for m in ms:
-            assert len({shared(F.plan_call(inp, m, "nk", r)) for r in range(8)}) == 1, (n, m)
+            assert len({shared(call.plan_call(inp, m, "nk", r)) for r in range(8)}) == 1, (n, m)
 
 
 class _Host:
@@ -107,8 +109,8 @@ class _Host:
         return list(self.values)
 
 
-@pytest.mark.parametrize("change", [dict(budget_sms=66), dict(links=S.emulated_links(87.3, 1.5)),
-                                    dict(links=dataclasses.replace(S.Links(), put_by_blocks=True)),
+@pytest.mark.parametrize("change", [dict(budget_sms=66), dict(links=costs.emulated_links(87.3, 1.5)),
+                                    dict(links=dataclasses.replace(costs.Links(), put_by_blocks=True)),
                                     dict(forced=(("config", "128x128_c2x1"),)), dict(engines=("sm",))])
 def test_mismatched_inputs_raise_at_construction(change):
     """Two PEs whose inputs differ (another MPS share, link emulation on one PE only, FLUX_SHMEM_GEMM_CONFIG on one

@@ -1,4 +1,4 @@
-"""Issue 25: a fused op plans a new M in milliseconds (flux_shmem/ops/plan_fast.py, _fused.plan_call).
+"""Issue 25: a fused op plans a new M in milliseconds (flux_shmem/plan/fast*.py, plan.call.plan_call).
 
 The closed-form pieces against the simulator they stand for (GEMM makespan, arrivals, tile orders, last waves),
 the fast plans' quality against the simulator's own best plan for the same M (simulated, both), every M of a
@@ -16,10 +16,17 @@ import torch
 
 from flux_shmem.kernels import config as kconfig
 from flux_shmem.kernels import registry
+from flux_shmem.plan import schedules as sch
+from flux_shmem.plan import costs
+from flux_shmem.plan import simulate as S
+from flux_shmem.plan import search
+from flux_shmem.plan import fast
+from flux_shmem.plan import fast_ag
+from flux_shmem.plan import fast_rs
+from flux_shmem.plan import inputs as plan_inputs
+from flux_shmem.plan import call
+from flux_shmem.plan import cache
 from flux_shmem.ops import _fused as F
-from flux_shmem.ops import _schedule as sch
-from flux_shmem.ops import plan_fast as P
-from flux_shmem.ops import simulate as S
 from test_plan_agreement import inputs
 
 LLAMA_AG = ((3584, 8192), (1280, 8192))   # TP8 Llama-3-70B: up (or gate) 8192x3584x8192, QKV n = 1280
@@ -29,11 +36,11 @@ WORLDS = ((2, 2), (4, 4), (8, 8), (16, 8))
 
 def fresh() -> None:
     """Forget every decision, so that the next plan_call decides as for a new bucket."""
-    F.bucket_plan.cache_clear()
-    F._choice.cache_clear()
-    P.rs_last_wave.cache_clear()
-    P.rs_geometry.cache_clear()
-    P._reduced_geometry.cache_clear()
+    call.bucket_plan.cache_clear()
+    plan_inputs._choice.cache_clear()
+    fast_rs.rs_last_wave.cache_clear()
+    fast_rs.rs_geometry.cache_clear()
+    fast_rs._reduced_geometry.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -42,10 +49,10 @@ def fresh() -> None:
 def test_buckets_partition_every_m(world):
     """Every M (a multiple of W up to 65536) lies in its bucket, whose representative is a multiple of W inside it;
     buckets are disjoint runs of M; a few dozen cover 8 .. 65536."""
-    linear = P.linear_limit(128, 256, 2, 8192, 132)
+    linear = fast.linear_limit(128, 256, 2, 8192, 132)
     keys, prev = set(), None
     for m in range(world, 65537, world):
-        b = P.bucket_of(m, world, 128, linear)
+        b = fast.bucket_of(m, world, 128, linear)
         assert b.lo <= m <= b.hi and b.lo <= b.rep <= b.hi and b.rep % world == 0 and b.lo % world == 0, (m, b)
         if prev is not None and b.key != prev.key:
             assert prev.hi == m - world and b.lo == m and b.key not in keys, (prev, b)
@@ -53,7 +60,7 @@ def test_buckets_partition_every_m(world):
         prev = b
     assert len(keys) <= 130
     with pytest.raises(ValueError, match="multiple of the world size"):
-        P.bucket_of(12, 8, 128, linear)
+        fast.bucket_of(12, 8, 128, linear)
 
 
 def test_gemm_span_equals_run_gemm():
@@ -63,12 +70,12 @@ def test_gemm_span_equals_run_gemm():
     for _ in range(200):
         tiles_m, tiles_n, sw = rnd.randint(1, 40), rnd.randint(1, 12), rnd.choice((1, 2, 4, 8))
         sms = rnd.choice((2, 8, 30, 64, 132))
-        g = S.Gemm(tile_us=rnd.uniform(1, 20))
+        g = costs.Gemm(tile_us=rnd.uniform(1, 20))
         ready = [rnd.uniform(0, 200) if rnd.random() < 0.7 else 0.0 for _ in range(tiles_m)]
         _, span = S.run_gemm(list(range(tiles_m)), tiles_n, g, sw, sms, ready=lambda t: ready[t])
         rows = [max(ready[i:i + 2]) for i in range(0, tiles_m, 2)]
-        assert P.gemm_span(rows, tiles_n, 2, sw, sms, g.tile_us) == pytest.approx(span), (tiles_m, tiles_n, sw)
-        assert P.gemm_plain_us(tiles_m, tiles_n, 2, sms, g.tile_us) == pytest.approx(
+        assert fast.gemm_span(rows, tiles_n, 2, sw, sms, g.tile_us) == pytest.approx(span), (tiles_m, tiles_n, sw)
+        assert fast.gemm_plain_us(tiles_m, tiles_n, 2, sms, g.tile_us) == pytest.approx(
             S.run_gemm(list(range(tiles_m)), tiles_n, g, sw, sms)[1])
 
 
@@ -79,16 +86,16 @@ def test_ag_arrivals_are_the_simulators_on_one_node(world):
     for rows, k in ((64, 8192), (512, 8192), (1000, 3584)):
         cr = sch.fused_chunk_rows(rows, 2 * k, 128)
         for engine, blocks in (("ce", 1), ("sm", 1), ("sm", 2), ("sm", 4)):
-            links = S.Links().beside() if engine == "sm" else S.Links()
+            links = costs.Links().beside() if engine == "sm" else costs.Links()
             sim, ends = S.ag_arrivals(world, world, rows, 2 * k, cr, blocks, links, engine)
-            arr = P.ag_arrivals(world, world, rows, 2 * k, cr, blocks, links, engine)
+            arr = fast_ag.ag_arrivals(world, world, rows, 2 * k, cr, blocks, links, engine)
             view = arr.of(0)
             assert max(abs(view[s, c] - t) for (s, c), t in sim[0].items()) < 1e-6, (rows, k, engine, blocks)
             assert arr.end == pytest.approx(ends[0])
             m = rows * world
             for pe in range(world):
                 mine = {(s, c): float(arr.of(pe)[s, c]) for s in range(world) for c in range(arr.at.shape[1])}
-                assert P.ag_order(arr, pe, m, 128, rows, cr) == sch.ag_tile_order(m, 128, rows, cr, mine)
+                assert fast_ag.ag_order(arr, pe, m, 128, rows, cr) == sch.ag_tile_order(m, 128, rows, cr, mine)
 
 
 def test_rs_orders_last_waves_and_reduced_geometry():
@@ -98,34 +105,34 @@ def test_rs_orders_last_waves_and_reduced_geometry():
         for m in (world, 3 * world, 40 * world, 1000 * world, 4096):
             if m % world == 0:
                 for pe in {0, 1, world - 1}:
-                    assert P.rs_tile_order(pe, world, L, m, 128) == sch.rs_tile_order(pe, world, L, m, 128)
+                    assert fast_rs.rs_tile_order(pe, world, L, m, 128) == sch.rs_tile_order(pe, world, L, m, 128)
     for tm, tn, sw, gt, cl in [(1, 32, 1, 32, 62), (33, 32, 4, 15, 62), (64, 5, 8, 1, 64), (7, 3, 2, 2, 2)]:
-        assert P.rs_last_wave(tm, tn, 2, sw, gt, cl) == S.rs_last_wave(tm, tn, 2, sw, gt, cl)
-    g, lk = F.gemm_model(3584).beside_comm(S.Links()), S.Links().beside()
+        assert fast_rs.rs_last_wave(tm, tn, 2, sw, gt, cl) == search.rs_last_wave(tm, tn, 2, sw, gt, cl)
+    g, lk = plan_inputs.gemm_model(3584).beside_comm(costs.Links()), costs.Links().beside()
     for world, L in ((8, 8), (16, 8)):
-        geo = P.RsGeometry.of(world, L, 32768, 8192, 2, 8, 128, 256)
-        splits = [P.RsSplit(S.gemm_sms_for(132, 2, cb), cb, sw, gt, tail) for cb in (4, 16)
-                  for sw, gt in S.rs_shapes(256, 32, 2, S.gemm_sms_for(132, 2, cb) // 2) for tail in (0, 16)]
-        full = P.rs_estimates(geo, g, splits, 64, lk)
-        small = P.rs_estimates(geo.reduced(16, 64), g, splits, 64, lk)
+        geo = fast_rs.RsGeometry.of(world, L, 32768, 8192, 2, 8, 128, 256)
+        splits = [fast_rs.RsSplit(search.gemm_sms_for(132, 2, cb), cb, sw, gt, tail) for cb in (4, 16)
+                  for sw, gt in search.rs_shapes(256, 32, 2, search.gemm_sms_for(132, 2, cb) // 2) for tail in (0, 16)]
+        full = fast_rs.rs_estimates(geo, g, splits, 64, lk)
+        small = fast_rs.rs_estimates(geo.reduced(16, 64), g, splits, 64, lk)
         assert len(geo.reduced(16, 64).tile) < len(geo.tile) / 2
         np.testing.assert_allclose(small, full, rtol=1e-9)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Quality: the fast plan, simulated, against the simulator's best plan for the same M
-def fast_split(inp: F.PlanInputs, m: int) -> tuple[str, S.Split, str]:
+def fast_split(inp: plan_inputs.PlanInputs, m: int) -> tuple[str, search.Split, str]:
     """(path, split at this M, fused configuration) of the fast planner, whatever the path."""
     cfg = inp.choice(m, "nk", inp.sms, True).config
-    bp = F.bucket_plan(inp, F.bucket_for(inp, m, cfg), cfg)
+    bp = call.bucket_plan(inp, call.bucket_for(inp, m, cfg), cfg)
     sp, reg = bp.split, registry.get(cfg)
     if inp.family == "ag_gemm":
         return bp.path, dataclasses.replace(sp, swizzle=kconfig.swizzle_for(reg, m, inp.chunk_rows, inp.n)[0]), cfg
-    return bp.path, F.rs_split(inp, m, bp, cfg), cfg
+    return bp.path, call.rs_split(inp, m, bp, cfg), cfg
 
 
-def simulate_split(inp: F.PlanInputs, m: int, sp: S.Split, cfg: str) -> S.Result:
-    g = F.gemm_model(inp.k, cfg)
+def simulate_split(inp: plan_inputs.PlanInputs, m: int, sp: search.Split, cfg: str) -> S.Result:
+    g = plan_inputs.gemm_model(inp.k, cfg)
     if inp.family == "ag_gemm":
         return S.simulate_ag_gemm(world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, gemm=g,
                                   gemm_sms=sp.gemm_sms, all_sms=inp.sms, comm_blocks=sp.comm_blocks,
@@ -150,18 +157,19 @@ def test_rs_estimates_follow_the_simulator_split_by_split():
         inp = inputs("gemm_rs", world, node_size, 8192, 3584, 32768)
         for m in (1024 // world * world, 4096 // world * world):
             cfg = inp.choice(m, "nk", inp.sms, True).config
-            reg, g = registry.get(cfg), F.gemm_model(inp.k, cfg)
+            reg, g = registry.get(cfg), plan_inputs.gemm_model(inp.k, cfg)
             tiles_m, tiles_n = -(-m // reg.tile_m), -(-inp.n // reg.tile_n)
-            geo = P.reduced_geometry(world, node_size, m, inp.n, inp.elem_bytes, inp.unit_rows, g, inp.budget_sms)
+            geo = fast_rs.reduced_geometry(world, node_size, m, inp.n, inp.elem_bytes, inp.unit_rows, g, inp.budget_sms)
             for _ in range(4):
                 cb = rng.choice([4, 8, 16])
-                sms = S.gemm_sms_for(inp.budget_sms, reg.cluster_m, cb)
-                sw, gt = rng.choice(S.rs_shapes(tiles_m, tiles_n, reg.cluster_m, sms // reg.cluster_m, None, None))
-                tail = P.rs_tail(rng.choice([0, 1]), tiles_m, tiles_n, reg.cluster_m, sw, gt, sms // reg.cluster_m)
+                sms = search.gemm_sms_for(inp.budget_sms, reg.cluster_m, cb)
+                sw, gt = rng.choice(search.rs_shapes(tiles_m, tiles_n, reg.cluster_m, sms // reg.cluster_m, None, None))
+                tail = fast_rs.rs_tail(rng.choice([0, 1]), tiles_m, tiles_n, reg.cluster_m, sw, gt,
+                                       sms // reg.cluster_m)
                 tb = min(inp.budget_sms // reg.cluster_m * reg.cluster_m, 64) if tail else 0
-                est = P.rs_estimates(geo, g.beside_comm(inp.links), [P.RsSplit(sms, cb, sw, gt, tail)], max(tb, 1),
-                                     inp.links.beside())[0]
-                sim = simulate_split(inp, m, S.Split("sm", cb, sms, sw, tail, tb, gt), cfg).fused_us
+                est = fast_rs.rs_estimates(geo, g.beside_comm(inp.links), [fast_rs.RsSplit(sms, cb, sw, gt, tail)],
+                                           max(tb, 1), inp.links.beside())[0]
+                sim = simulate_split(inp, m, search.Split("sm", cb, sms, sw, tail, tb, gt), cfg).fused_us
                 errs.append(abs(est / sim - 1))
     assert np.median(errs) <= 0.02 and max(errs) <= 0.10, sorted(errs)[-5:]
 
@@ -178,7 +186,7 @@ def test_fast_plan_is_near_the_simulators_best(family, n, k, world, node_size, m
     unless the two are within 5% of each other."""
     m = m // world * world
     inp = inputs(family, world, node_size, n, k, 32768)
-    full = F.plan_call_full(inp, m, "nk", 0)
+    full = call.plan_call_full(inp, m, "nk", 0)
     path, sp, cfg = fast_split(inp, m)
     fused = simulate_split(inp, m, sp, cfg).fused_us
     best = full.predicted
@@ -189,7 +197,7 @@ def test_fast_plan_is_near_the_simulators_best(family, n, k, world, node_size, m
     best_fused = min(best.fused_us, fused)
     sim_path = "fused" if best_fused < best.decomposed_us else "decomposed"
     assert path == sim_path or abs(best_fused / best.decomposed_us - 1) < 0.05, (path, fused, full.describe())
-    assert F.plan_call(inp, m, "nk", 0).path == path
+    assert call.plan_call(inp, m, "nk", 0).path == path
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -204,12 +212,12 @@ def test_every_m_of_a_bucket_gets_a_valid_plan(family, n, k, world, node_size, m
     inp = inputs(family, world, node_size, n, k, 32768)
     m0 = m0 // world * world
     cfg = inp.choice(m0, "nk", inp.sms, True).config
-    b = F.bucket_for(inp, m0, cfg)
+    b = call.bucket_for(inp, m0, cfg)
     ms = list(range(b.lo, b.hi + 1, world))
     assert len(ms) > 1 or b.lo == b.hi
     reg = registry.get(cfg)
     for m in ms:
-        plan = F.plan_call(inp, m, "nk", world - 1)
+        plan = call.plan_call(inp, m, "nk", world - 1)
         if plan.path != "fused" or inp.choice(m, "nk", inp.sms, True).config != cfg:
             continue
         tiles_m, tiles_n = -(-m // reg.tile_m), -(-n // reg.tile_n)
@@ -224,7 +232,7 @@ def test_every_m_of_a_bucket_gets_a_valid_plan(family, n, k, world, node_size, m
             main, tail = sch.rs_split_tail(per_block, comp, plan.tail, units, max(1, plan.tail_blocks))
             assert sum(map(len, main)) + sum(map(len, tail)) == sum(map(len, per_block))
         if len(ms) <= 40 or m in (ms[0], ms[-1]):
-            sp = S.Split(plan.engine, plan.comm_blocks, plan.gemm_sms, plan.swizzle, plan.tail, plan.tail_blocks,
+            sp = search.Split(plan.engine, plan.comm_blocks, plan.gemm_sms, plan.swizzle, plan.tail, plan.tail_blocks,
                          plan.group_tiles)
             r = simulate_split(inp, m, sp, cfg)
             assert r.fused_us > 0 and r.fused_us >= r.gemm_us * 0.99
@@ -232,7 +240,7 @@ def test_every_m_of_a_bucket_gets_a_valid_plan(family, n, k, world, node_size, m
 
 # ------------------------------------------------------------------------------------------------------------
 # Host time
-def first_call_ms(inp: F.PlanInputs, m: int, tries: int = 3) -> float:
+def first_call_ms(inp: plan_inputs.PlanInputs, m: int, tries: int = 3) -> float:
     """A call's planning time for a new M whose bucket is new too (the worst case), the best of `tries`: the
     planning thread's CPU time (wall time on a free core; on this 2-core CI machine other processes doubled the
     wall time of the same work, 4.5 -> 8.9 ms, while its CPU time stayed 4.5-4.8 ms)."""
@@ -240,7 +248,7 @@ def first_call_ms(inp: F.PlanInputs, m: int, tries: int = 3) -> float:
     for _ in range(tries):
         fresh()
         t = time.thread_time()
-        F.plan_call(inp, m, "nk", inp.world - 1)
+        call.plan_call(inp, m, "nk", inp.world - 1)
         best = min(best, time.thread_time() - t)
     return best * 1e3
 
@@ -260,7 +268,7 @@ def test_first_call_with_a_new_m_plans_within_5_ms(family, n, k):
     deadline = time.monotonic() + RETRY_S
     for world, node_size in ((8, 8), (16, 8), (64, 8)):
         inp = inputs(family, world, node_size, n, k, 65536)
-        F.plan_call(inp, 4096, "nk", 0)  # (the process's first numpy calls)
+        call.plan_call(inp, 4096, "nk", 0)  # (the process's first numpy calls)
         for m in (8, 64, 512, 2048, 4096, 8192, 32768, 65536):
             m = max(world, m // world * world)
             ms[(world, m)] = first_call_ms(inp, m)
@@ -280,12 +288,12 @@ def test_a_thousand_distinct_m_plan_within_2_s():
         fresh()
         t = time.perf_counter()
         for m in ms:
-            F.plan_call(inp, m, "nk", 5)
+            call.plan_call(inp, m, "nk", 5)
         assert time.perf_counter() - t < 2.0, family
 
 
 def test_planning_caches_are_bounded():
-    for f in (F.bucket_plan, F._choice, F.plan_split, P.rs_last_wave):
+    for f in (call.bucket_plan, plan_inputs._choice, call.plan_split, fast_rs.rs_last_wave):
         assert f.cache_info().maxsize is not None, f
 
 
@@ -294,12 +302,12 @@ def test_planning_caches_are_bounded():
 class _Op(F.FusedGEMM):
     """A FusedGEMM with only what call_plan and prepare use (no GPU): its PlanInputs, a runtime stub."""
 
-    def __init__(self, inp: F.PlanInputs, capacity: int):
+    def __init__(self, inp: plan_inputs.PlanInputs, capacity: int):
         self.inputs, self.family, self.max_m = inp, inp.family, 65536
         self.layouts = ("kn", "nk")
         self.rt = type("Rt", (), {"rank": 0, "world_size": inp.world, "device": 0})()
         self.budget = type("Budget", (), {"source": "test"})()
-        self._plans = F.PlanCache(capacity)
+        self._plans = cache.PlanCache(capacity)
 
     def _upload(self, order):
         return torch.tensor(order, dtype=torch.int32)
@@ -328,11 +336,11 @@ def test_plan_cache_is_bounded_and_prepared_plans_stay():
 
 
 def test_plan_cache_size_from_the_environment(monkeypatch):
-    monkeypatch.setenv(F.PLAN_CACHE_ENV, "3")
-    assert F.plan_cache_capacity() == 3
+    monkeypatch.setenv(cache.PLAN_CACHE_ENV, "3")
+    assert cache.plan_cache_capacity() == 3
     for bad in ("0", "many"):
-        monkeypatch.setenv(F.PLAN_CACHE_ENV, bad)
+        monkeypatch.setenv(cache.PLAN_CACHE_ENV, bad)
         with pytest.raises(ValueError, match="FLUX_SHMEM_PLAN_CACHE must be a positive integer"):
-            F.plan_cache_capacity()
-    monkeypatch.delenv(F.PLAN_CACHE_ENV)
-    assert F.plan_cache_capacity() == 256
+            cache.plan_cache_capacity()
+    monkeypatch.delenv(cache.PLAN_CACHE_ENV)
+    assert cache.plan_cache_capacity() == 256

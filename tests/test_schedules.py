@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flux_shmem.ops import _schedule as sch
+from flux_shmem.plan import schedules as sch
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 8), (8, 4), (16, 8), (8, 1), (6, 3), (12, 4), (32, 16)]
@@ -325,5 +325,5 @@ def test_plan_tensors_pad_to_cluster_multiple():
     units, offsets, grid = sch.plan_tensors(per, "cpu", multiple=2)
     assert grid == 6 and offsets.tolist() == [0, 2, 4, 6, 7, 8, 8]  # block 5 does nothing
     assert sch.plan_tensors(per, "cpu", multiple=1)[2] == 5
-    from flux_shmem.ops.simulate import gemm_sms_for
+    from flux_shmem.plan.search import gemm_sms_for
     assert gemm_sms_for(64, 2, 4) == 60 and gemm_sms_for(64, 2, 1) == 62 and gemm_sms_for(63, 2, 1) == 60

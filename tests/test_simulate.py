@@ -8,8 +8,10 @@ import dataclasses
 
 import pytest
 
-from flux_shmem.ops import _schedule as sch
-from flux_shmem.ops import simulate as S
+from flux_shmem.plan import schedules as sch
+from flux_shmem.plan import costs
+from flux_shmem.plan import simulate as S
+from flux_shmem.plan import search
 
 RATE = 5.2  # TFLOP/s per SM (flux_shmem/ops/_fused.py TFLOPS_PER_SM)
 M = 8192
@@ -34,15 +36,15 @@ def test_gemm_work_covers_every_tile_once_balanced(tiles_m, tiles_n, sw, sms):
 def test_swizzle_cost():
     """Narrow swizzle groups cost B re-reads (measured 2026-12-06, H100): modelled only where the Gemm asks for it
     and the GEMM has more cluster rows than a group."""
-    g = S.Gemm(tile_us=10.0, swizzle_cost=True)
-    assert S.run_gemm(list(range(8)), 4, g, 1, 8)[1] == pytest.approx(40.0 * S.SWIZZLE_COST[1])
+    g = costs.Gemm(tile_us=10.0, swizzle_cost=True)
+    assert S.run_gemm(list(range(8)), 4, g, 1, 8)[1] == pytest.approx(40.0 * costs.SWIZZLE_COST[1])
     assert S.run_gemm(list(range(8)), 4, g, 4, 8)[1] == pytest.approx(40.0)  # 4 = every cluster row: one group
-    assert S.swizzle_cost(g, 8, 64) == 1.0 and S.swizzle_cost(g, 2, 64) == S.SWIZZLE_COST[2]
-    assert S.swizzle_cost(S.Gemm(), 1, 64) == 1.0
+    assert costs.swizzle_cost(g, 8, 64) == 1.0 and costs.swizzle_cost(g, 2, 64) == costs.SWIZZLE_COST[2]
+    assert costs.swizzle_cost(costs.Gemm(), 1, 64) == 1.0
 
 
 def test_run_gemm_waits_and_waves():
-    g = S.Gemm(tile_us=10.0)
+    g = costs.Gemm(tile_us=10.0)
     ends, span = S.run_gemm(list(range(8)), 4, g, 1, 8)  # 16 cluster items on 4 clusters: 4 waves
     assert span == pytest.approx(40.0)
     ends, span = S.run_gemm(list(range(8)), 4, g, 1, 8, ready=lambda t: 100.0 if t >= 6 else 0.0)
@@ -64,16 +66,16 @@ def test_ag_arrivals_ring_shift_order():
         assert max(t for (s, c), t in arr[d].items() if s == d) < last[0]  # my own copy first
 
 
-def _ag(world, L, n, k, engine, cb, links=S.Links()):
-    g = S.Gemm.from_rate(k, RATE)
-    return S.simulate_ag_gemm(world=world, node_size=L, m=M, n=n, k=k, gemm=g, gemm_sms=S.gemm_sms_for(132, 2, cb),
+def _ag(world, L, n, k, engine, cb, links=costs.Links()):
+    g = costs.Gemm.from_rate(k, RATE)
+    return S.simulate_ag_gemm(world=world, node_size=L, m=M, n=n, k=k, gemm=g, gemm_sms=search.gemm_sms_for(132, 2, cb),
                               all_sms=132, comm_blocks=cb, chunk_rows=sch.fused_chunk_rows(M // world, 2 * k, 128),
                               swizzle=1, links=links, engine=engine, pes=[0], decomposed_comm_blocks=16)
 
 
-def _rs(world, L, n, k, cb, links=S.Links()):
-    g = S.Gemm.from_rate(k, RATE)
-    return S.simulate_gemm_rs(world=world, node_size=L, m=M, n=n, k=k, gemm=g, gemm_sms=S.gemm_sms_for(132, 2, cb),
+def _rs(world, L, n, k, cb, links=costs.Links()):
+    g = costs.Gemm.from_rate(k, RATE)
+    return S.simulate_gemm_rs(world=world, node_size=L, m=M, n=n, k=k, gemm=g, gemm_sms=search.gemm_sms_for(132, 2, cb),
                               all_sms=132, comm_blocks=cb, unit_rows=sch.default_unit_rows(n, 2), swizzle=1,
                               links=links, decomposed_comm_blocks=24)
 
@@ -112,11 +114,11 @@ def test_gemm_rs_predictions_pinned(key):
 
 
 def _choose(op, n, k):
-    g = S.Gemm.from_rate(k, RATE)
+    g = costs.Gemm.from_rate(k, RATE)
     if op == "ag_gemm":
-        return S.plan_ag_gemm(world=8, node_size=8, m=M, n=n, k=k, elem_bytes=2, gemm=g, budget_sms=132,
+        return search.plan_ag_gemm(world=8, node_size=8, m=M, n=n, k=k, elem_bytes=2, gemm=g, budget_sms=132,
                               chunk_rows=sch.fused_chunk_rows(M // 8, 2 * k, 128), engines=("ce", "sm"), pes=[0])
-    return S.plan_gemm_rs(world=8, node_size=8, m=M, n=n, k=k, elem_bytes=2, gemm=g, budget_sms=132,
+    return search.plan_gemm_rs(world=8, node_size=8, m=M, n=n, k=k, elem_bytes=2, gemm=g, budget_sms=132,
                           unit_rows=sch.default_unit_rows(n, 2))
 
 
@@ -151,16 +153,16 @@ def test_rs_shapes_and_last_wave():
     S = 1. The last wave's pieces: with 64 clusters over 32 cluster rows x 32 N-tiles, whole rows one row at a time
     leave 4 M-tiles (2 cluster rows); 4-row groups of half rows leave 8 M-tiles' second halves."""
     # every swizzle with whole rows too (fewer B re-reads than swizzle 1: SWIZZLE_COST)
-    assert S.rs_shapes(64, 32, 2, 64) == [(1, 32), (2, 32), (4, 16), (4, 32), (8, 8), (8, 32)]
-    assert S.rs_shapes(64, 32, 2, 30) == [(1, 32), (2, 15), (2, 32), (4, 7), (4, 32), (8, 3), (8, 32)]
-    assert S.rs_shapes(4, 32, 2, 62) == [(1, 32), (2, 31), (2, 32)]  # no swizzle wider than the 2 cluster rows
+    assert search.rs_shapes(64, 32, 2, 64) == [(1, 32), (2, 32), (4, 16), (4, 32), (8, 8), (8, 32)]
+    assert search.rs_shapes(64, 32, 2, 30) == [(1, 32), (2, 15), (2, 32), (4, 7), (4, 32), (8, 3), (8, 32)]
+    assert search.rs_shapes(4, 32, 2, 62) == [(1, 32), (2, 31), (2, 32)]  # no swizzle wider than the 2 cluster rows
     # A given swizzle (FLUX_SHMEM_GEMM_CONFIG): whole rows or one wave's width, with that swizzle only
-    assert S.rs_shapes(64, 32, 2, 30, swizzle=8) == [(8, 32), (8, 3)]
-    assert S.rs_shapes(64, 32, 2, 30, swizzle=1) == [(1, 32), (1, 30)]
-    assert S.rs_shapes(4, 32, 2, 30, group_tiles=5, swizzle=8) == [(2, 5)]  # clamped to the cluster rows
-    assert S.rs_last_wave(64, 32, 2, 1, 32, 64) == 4
-    assert S.rs_last_wave(64, 32, 2, 4, 16, 64) == 8
-    assert S.rs_last_wave(3, 5, 2, 1, 5, 100) == 3  # everything is in the one wave
+    assert search.rs_shapes(64, 32, 2, 30, swizzle=8) == [(8, 32), (8, 3)]
+    assert search.rs_shapes(64, 32, 2, 30, swizzle=1) == [(1, 32), (1, 30)]
+    assert search.rs_shapes(4, 32, 2, 30, group_tiles=5, swizzle=8) == [(2, 5)]  # clamped to the cluster rows
+    assert search.rs_last_wave(64, 32, 2, 1, 32, 64) == 4
+    assert search.rs_last_wave(64, 32, 2, 4, 16, 64) == 8
+    assert search.rs_last_wave(3, 5, 2, 1, 5, 100) == 3  # everything is in the one wave
 
 
 def test_column_groups_spread_the_last_wave():
@@ -168,7 +170,7 @@ def test_column_groups_spread_the_last_wave():
     owner at about the same time, where whole rows one row at a time leave the last wave's owners behind; but on 4
     comm blocks its twice as many units cost more than that gains (the fixed cost per unit, measured on an H100
     2026-12-05: 2 blocks on units 7 N-tiles wide ran 0.60x of decomposed where whole rows ran 1.15x)."""
-    g = S.Gemm.from_rate(FFN // 8, RATE)
+    g = costs.Gemm.from_rate(FFN // 8, RATE)
     kw = dict(world=8, node_size=8, m=M, n=HID, k=FFN // 8, gemm=g, gemm_sms=128, all_sms=132, comm_blocks=4,
               unit_rows=8, decomposed_comm_blocks=24)
     rows = S.simulate_gemm_rs(**kw)
@@ -209,8 +211,8 @@ def _emulated(run):
     W, op, m, n, k, cb, gs, sw, gt, tail, gemm_ms, _ = run
     sms = 128 // W
     waves = -(-(-(-m // 256) * -(-n // 256)) // (sms // 2))  # 128x256 tiles in clusters of 2 on sms // 2 clusters
-    g = S.Gemm(tile_us=gemm_ms * 1e3 / waves)  # the measured GEMM: the test is of the overlap model
-    links = S.emulated_links(360.0 * sms / 132, 1.5)
+    g = costs.Gemm(tile_us=gemm_ms * 1e3 / waves)  # the measured GEMM: the test is of the overlap model
+    links = costs.emulated_links(360.0 * sms / 132, 1.5)
     if op == "ag_gemm":
         return S.simulate_ag_gemm(world=W, node_size=W, m=m, n=n, k=k, gemm=g, gemm_sms=gs, all_sms=sms,
                                   comm_blocks=cb, chunk_rows=sch.fused_chunk_rows(m // W, 2 * k, 128), swizzle=sw,
@@ -240,7 +242,7 @@ def test_too_few_reduce_blocks_are_seen():
 
 
 def test_emulated_link_model_paces_initiators_only():
-    em = S.emulated_links(90.0, 2.0)
+    em = costs.emulated_links(90.0, 2.0)
     assert not em.model_ingress and em.nvlink_gbps == em.ib_gbps == 90.0
     arr, ends = S.ag_arrivals(2, 2, 1024, 16384, 64, 4, em)
     # 16 MiB per PE over a 90 GB/s paced link: about 186 us, plus a per-transfer latency (4 blocks at 35 GB/s each
@@ -254,11 +256,11 @@ def test_emulated_link_model_paces_initiators_only():
 def test_puts_to_mapped_peers_keep_their_block_busy():
     """Forced puts on one node go through NVSHMEM's P2P transport, a copy by the issuing block: with put_by_blocks
     one gather block cannot carry the link, and the planner takes more (seen 2026-12-04: it took 1, at 15 GB/s)."""
-    g = S.Gemm.from_rate(8192, 6.0)
+    g = costs.Gemm.from_rate(8192, 6.0)
     kw = dict(world=2, node_size=1, m=8192, n=3584, k=8192, elem_bytes=2, gemm=g, budget_sms=64,
               chunk_rows=sch.fused_chunk_rows(4096, 2 * 8192, 128))
-    nic = S.emulated_links(174.5, 1.5)
+    nic = costs.emulated_links(174.5, 1.5)
     p2p = dataclasses.replace(nic, put_by_blocks=True)
     one = dict(kw, comm_blocks=1)
-    assert S.plan_ag_gemm(**one, links=p2p)[1].fused_us > 1.5 * S.plan_ag_gemm(**one, links=nic)[1].fused_us
-    assert S.plan_ag_gemm(**kw, links=p2p)[0].comm_blocks > 1
+    assert search.plan_ag_gemm(**one, links=p2p)[1].fused_us > 1.5 * search.plan_ag_gemm(**one, links=nic)[1].fused_us
+    assert search.plan_ag_gemm(**kw, links=p2p)[0].comm_blocks > 1

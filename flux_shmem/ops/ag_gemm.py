@@ -4,7 +4,7 @@ Two engines run at once: the all-gather on a side stream, pushing each shard chu
 signal per (source PE, chunk), either with a kernel on a few SMs (csrc/collectives.cu, engine 'sm') or with the
 copy engines (engine 'ce', one NVLink domain); and the CUTLASS GEMM (csrc/ag_gemm.cu) on the current stream with
 the other SMs, whose TMA producer waits for the signal of the chunk holding a tile's rows before loading it.
-The GEMM visits M-tiles in the order their rows are predicted to arrive (`_schedule.ag_tile_order` on the
+The GEMM visits M-tiles in the order their rows are predicted to arrive (`schedules.ag_tile_order` on the
 simulator's arrivals), and each scheduler swizzle group stays inside one chunk, so it consumes what has landed.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from ..kernels import gemm as kgemm
 from ..kernels import registry
 from ..runtime import pacing, signals, stall, symmetric
-from . import simulate
+from ..plan import search
 from ._fused import FusedGEMM
-from ._schedule import fused_chunk_rows
+from ..plan.schedules import fused_chunk_rows
 from .all_gather import AllGather, ce_capable
 
 
@@ -63,12 +63,12 @@ class AllGatherGEMM(FusedGEMM):
             raise ValueError("link emulation (FLUX_SHMEM_LINK_GBPS) paces the SM engine only; the copy engines "
                              "cannot be paced: use engine='sm' or unset FLUX_SHMEM_LINK_GBPS")
         self._engines = {"sm": ("sm",), "ce": ("ce",)}.get(engine) or \
-            simulate.ag_engines(one_domain, self.emulation is not None, W)
+            search.ag_engines(one_domain, self.emulation is not None, W)
         ms = max_m // W
         if chunk_rows is None:
             chunk_rows = fused_chunk_rows(ms, k * torch.empty((), dtype=dtype).element_size(), self.tile_m)
         self.ag = AllGather(ms, k, dtype, chunk_rows=chunk_rows,
-                            comm_blocks=self.comm_blocks or max(simulate.AG_COMM_BLOCKS),
+                            comm_blocks=self.comm_blocks or max(search.AG_COMM_BLOCKS),
                             copy_engine="ce" in self._engines)
         # fp8: every shard's scales (up to ms of them), packed 4 fp32 to a 16-byte row, gathered before a call
         self.scale_ag = AllGather(-(-ms // 4), 4, torch.float32, comm_blocks=1) if self.fp8 else None

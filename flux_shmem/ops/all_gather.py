@@ -1,6 +1,6 @@
 """AllGather: out = all_gather(x, dim=0) over symmetric memory, chunk by chunk with one signal per chunk.
 
-The same engine (csrc/collectives.cu fs_all_gather, walking the plan of `_schedule.ag_plan`) feeds AllGatherGEMM;
+The same engine (csrc/collectives.cu fs_all_gather, walking the plan of `schedules.ag_plan`) feeds AllGatherGEMM;
 here it runs alone. `launch_ce` is the copy-engine variant for one NVLink domain.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..kernels import abi
 from ..kernels.module import copy_async, load, write_value_async
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import get_runtime
-from ._schedule import ag_ce_copies, ag_plan, plan_tensors
+from ..plan.schedules import ag_ce_copies, ag_plan, plan_tensors
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)  # (the kernel moves bytes)

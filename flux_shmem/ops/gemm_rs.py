@@ -4,9 +4,9 @@ The CUTLASS GEMM (csrc/gemm_rs.cu) writes this PE's partial product into a symme
 finished tile; the reduce-scatter engine (csrc/collectives.cu), started on a side stream with a few SMs once every
 GEMM CTA runs, sums each unit (rows x a group of N-tiles) as soon as the node's PEs have finished the tiles under
 it (NVLink loads), and across nodes sends node partials by put-with-signal. The PEs of a node compute in a common
-order (`_schedule.rs_tile_order`: other nodes' segments, then their own node's interleaved by M-tile), so
+order (`schedules.rs_tile_order`: other nodes' segments, then their own node's interleaved by M-tile), so
 reductions run through the whole GEMM. What is left after the GEMM is the reduction of its last wave: the planner
-(`simulate.plan_gemm_rs`) may walk swizzle groups of several M-tiles (several owners' segments) with units a part
+(`search.plan_gemm_rs`) may walk swizzle groups of several M-tiles (several owners' segments) with units a part
 of a row wide, so that each wave completes a part of every owner's rows and the last wave's reductions are shared
 by as many PEs, and may hand the last wave's units to a wide tail kernel launched after the GEMM.
 """
@@ -20,10 +20,10 @@ from ..kernels import gemm as kgemm
 from ..kernels import module as kmodule
 from ..kernels import registry
 from ..runtime import signals, stall, symmetric
-from . import simulate
+from ..plan import search
 from ._fused import FusedGEMM
 from ._validate import positive
-from ._schedule import default_unit_rows
+from ..plan.schedules import default_unit_rows
 from .reduce_scatter import ReduceEngine
 
 
@@ -64,7 +64,7 @@ class GEMMReduceScatter(FusedGEMM):
         # Fires once every GEMM CTA runs; the reduce kernel follows it, so its blocks stay off the GEMM's SMs.
         self.gemm_started = kmodule.StartEvent() if self.guarded else None
         self.engine = ReduceEngine(rt, max_m, n, self.out_dtype, unit_rows=unit_rows, tile_m=self.tile_m,
-                                   comm_blocks=self.comm_blocks or max(simulate.RS_COMM_BLOCKS),
+                                   comm_blocks=self.comm_blocks or max(search.RS_COMM_BLOCKS),
                                    tile_n=registry.get(self.configs[0]).tile_n, cluster_m=self.cluster_m)
         self.agree_inputs(unit_rows=unit_rows, group_tiles=self.group_tiles,
                           decomposed_comm_blocks=self.engine.comm_blocks)

@@ -2,7 +2,7 @@
 
 Inside a node, each PE pulls its rows from its peers by NVLink loads; across nodes, node partial sums travel by
 NVSHMEM put-with-signal to the PE with the same local index, which adds them in node order. The same engine
-(fs_reduce_scatter_*, walking the plan of `_schedule.rs_plan`) finishes GEMMReduceScatter.
+(fs_reduce_scatter_*, walking the plan of `schedules.rs_plan`) finishes GEMMReduceScatter.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..kernels import abi
 from ..kernels.module import load
 from ..runtime import pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
-from ._schedule import (default_unit_rows, plan_tensors, rs_completion, rs_max_units, rs_plan, rs_split_tail,
+from ..plan.schedules import (default_unit_rows, plan_tensors, rs_completion, rs_max_units, rs_plan, rs_split_tail,
                         rs_tile_order, rs_units)
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
@@ -42,7 +42,7 @@ class ReduceEngine:
 
     The addend is written in tiles of tile_m x tile_n (GEMMReduceScatter: its GEMM's tiles, walked by clusters of
     cluster_m CTAs; the standalone op: unit_rows x cols, copied by the kernel itself), each marked ready in
-    `tile_ready`; a call's units (`_schedule.RsUnits`: unit_rows rows x group_tiles N-tiles) wait for the tiles
+    `tile_ready`; a call's units (`schedules.RsUnits`: unit_rows rows x group_tiles N-tiles) wait for the tiles
     under them."""
 
     def __init__(self, rt: Runtime, max_rows: int, cols: int, dtype: torch.dtype, *, unit_rows: int,

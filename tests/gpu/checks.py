@@ -1133,13 +1133,13 @@ def beside_gemm_rates(rt, rows, cols, xs):
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g).t()
     op = flux_shmem.AllGatherGEMM(m * W, n, k, torch.bfloat16, mode="decomposed")
-    from flux_shmem.ops import simulate
+    from flux_shmem.plan import search
     from flux_shmem.runtime import partition
     side = partition.side_stream(rt.device)  # in this PE's green context, like a fused call's comm stream
     res = []
     for blocks in (2, 4):
         ag = flux_shmem.AllGather(rows, cols, torch.bfloat16, comm_blocks=blocks, chunk_rows=64)
-        gemm_sms = simulate.gemm_sms_for(op.sms, op.cluster_m, blocks)  # as a fused call splits its budget
+        gemm_sms = search.gemm_sms_for(op.sms, op.cluster_m, blocks)  # as a fused call splits its budget
         times = []
         for _ in range(4):
             torch.cuda.synchronize()
@@ -1765,7 +1765,6 @@ def auto_vs_cublas_sweep(rt):
                     slow.append(line)
                 if rt.rank == 0:
                     print(f"CHECK info: {line}", flush=True)
-            del ops, coll
             torch.cuda.synchronize()
             flux_shmem.barrier()
     worst = min(rows)

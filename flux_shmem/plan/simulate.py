@@ -1,8 +1,8 @@
 """Tile-level simulator of the fused ops (pure Python, no GPU).
 
-It runs the ops' own schedule functions (`_schedule.ag_units`, `ag_plan`, `rs_plan`, `ag_tile_order`,
-`rs_tile_order`, `ag_ce_copies`) on a model of the machine and predicts when every chunk arrives and every tile
-runs, on every PE:
+It runs the ops' own schedule functions (`schedules.ag_units`, `ag_plan`, `rs_plan`, `ag_tile_order`,
+`rs_tile_order`, `ag_ce_copies`) on a model of the machine (costs.py) and predicts when every chunk arrives and
+every tile runs, on every PE:
 
 * links: per GPU and direction, NVLink-class (inside a node) and IB-class (between nodes) bandwidth and latency;
   a transfer reserves its sender's egress and its receiver's ingress link for bytes / bandwidth (so many
@@ -16,7 +16,8 @@ runs, on every PE:
   its N-tiles are.
 
 Results: fused time (every PE done), decomposed time (communication alone, then the GEMM on all SMs), and the
-share of the communication hidden, `(decomposed - fused) / comm` (benchmarks/metrics.overlap_efficiency).
+share of the communication hidden, `(decomposed - fused) / comm` (benchmarks/metrics.overlap_efficiency). The
+splits the ops choose with it: search.py.
 """
 from __future__ import annotations
 
@@ -26,128 +27,20 @@ import heapq
 import math
 from typing import Callable, Optional, Sequence
 
-from ..kernels.config import swizzle_for
-from . import _schedule as sch
-
-
-@dataclasses.dataclass(frozen=True)
-class Links:
-    """One GPU's links and engines. Bandwidths in GB/s (1e9 B/s) per direction, latencies in microseconds."""
-
-    nvlink_gbps: float = 360.0       # H100/H200 NVLink 4 as NCCL reaches it (450 nominal)
-    ib_gbps: float = 40.0            # one 400 Gb/s NIC per GPU as NVSHMEM reaches it (50 nominal)
-    nvlink_latency_us: float = 1.5
-    ib_latency_us: float = 5.0
-    block_gbps: float = 40.0         # one comm thread block's load/store rate over NVLink (an assumption)
-    local_gbps: float = 60.0         # one thread block streaming its own GPU's memory (bytes read + written)
-    ce_gbps: float = 300.0           # copy-engine DMA to a peer
-    ce_local_gbps: float = 1500.0    # copy-engine DMA inside one GPU (the all-gather's own shard, before its kernel)
-    put_issue_us: float = 0.5        # a block's cost of issuing one NVSHMEM put (the data moves without it)
-    put_by_blocks: bool = False      # puts go to load/store-mapped peers (forced puts on one node, node groups of
-    #                                  one host): NVSHMEM's P2P transport copies with the issuing block's threads,
-    #                                  which stay busy for the whole transfer, at put_block_gbps
-    put_block_gbps: float = 15.0     # one block's NVSHMEM put to a mapped peer (H200, 2026-12-04: 15.8 GB/s with
-    #                                  one block, 14.6 each with two)
-    model_ingress: bool = True       # receivers' links are shared too (False: as link emulation paces, senders only)
-    beside_gemm: float = 0.8         # comm blocks' rates while a GEMM runs on the other SMs, as a share of their rates
-    #                                  alone (H100 2026-12-05, fused calls' stage times: all-gather 23-25 GB/s per
-    #                                  block against 35 alone, whole-row reduce units >= 22 against 30; fitted with
-    #                                  unit_us and gemm_beside_comm to 12 fused GEMM+RS runs, tests/test_simulate.py)
-    pass_latency_us: float = 0.7     # a reduce block's pass waits for one round of loads per source (block_sum: 32
-    #                                  KiB per source per pass): small units are latency-bound, not rate-bound
-    unit_us: float = 5.5             # a reduce unit's fixed cost: its counter waits, barriers, pacing and the first
-    #                                  round of loads (H100 2026-12-05: units 7 N-tiles x 8 rows wide ran 7.7 us each
-    #                                  on 2 blocks, where their bytes alone take ~5 at the blocks' rate)
-    gemm_beside_comm: float = 1.1    # a GEMM tile's time beside a comm kernel, over its time alone (H100 2026-12-05:
-    #                                  the fused calls' GEMM stage 1.05-1.21x gemm_only on the same SMs)
-
-    def __post_init__(self) -> None:
-        for f in ("nvlink_gbps", "ib_gbps", "block_gbps", "local_gbps", "ce_gbps", "put_block_gbps"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"Links.{f} must be > 0, got {getattr(self, f)!r}")
-        if not self.gemm_beside_comm >= 1:
-            raise ValueError(f"Links.gemm_beside_comm must be >= 1, got {self.gemm_beside_comm!r}")
-        if not 0 < self.beside_gemm <= 1:
-            raise ValueError(f"Links.beside_gemm must be in (0, 1], got {self.beside_gemm!r}")
-        for f in ("nvlink_latency_us", "ib_latency_us", "put_issue_us", "pass_latency_us", "unit_us"):
-            if getattr(self, f) < 0:
-                raise ValueError(f"Links.{f} must be >= 0, got {getattr(self, f)!r}")
-
-    def beside(self) -> "Links":
-        """These links with the comm blocks' rates they have beside a running GEMM (a fused call)."""
-        f = self.beside_gemm
-        if f == 1.0:
-            return self
-        return dataclasses.replace(self, block_gbps=self.block_gbps * f, local_gbps=self.local_gbps * f,
-                                   put_block_gbps=self.put_block_gbps * f, beside_gemm=1.0)
-
-    def gbps(self, cls: int) -> float:
-        return self.ib_gbps if cls else self.nvlink_gbps
-
-    def latency(self, cls: int) -> float:
-        return self.ib_latency_us if cls else self.nvlink_latency_us
-
-
-def emulated_links(gbps: float, latency_us: float, ib_gbps: Optional[float] = None,
-                   ib_latency_us: Optional[float] = None, **kw) -> Links:
-    """The links as `FLUX_SHMEM_LINK_GBPS` pacing makes them on one GPU: senders' links only, copies at memory
-    speed otherwise."""
-    # One 512-thread comm block under MPS, measured on an H200 2026-12-03 (GPU check comm_block_rates, no pacing):
-    # 32-38 GB/s for the all-gather's stores into another PE's buffer, 30-32 GB/s for the reduce-scatter's loads
-    # of every node PE's addend plus its store.
-    kw.setdefault("block_gbps", 35.0)
-    kw.setdefault("local_gbps", 32.0)
-    return Links(nvlink_gbps=gbps, ib_gbps=ib_gbps if ib_gbps else gbps, nvlink_latency_us=latency_us,
-                 ib_latency_us=latency_us if ib_latency_us is None else ib_latency_us, model_ingress=False, **kw)
-
-
-@dataclasses.dataclass(frozen=True)
-class Gemm:
-    """The persistent GEMM: tile shape, cluster size along M, and one work tile's time on one SM."""
-
-    tile_m: int = 128
-    tile_n: int = 256
-    cluster_m: int = 2
-    tile_us: float = 100.0
-    swizzle_cost: bool = False  # tiles of narrow swizzle groups take longer (SWIZZLE_COST)
-
-    @staticmethod
-    def from_rate(k: int, tflops_per_sm: float, tile_m: int = 128, tile_n: int = 256, cluster_m: int = 2,
-                  tile_fixed_us: float = 0.0, swizzle_cost: bool = False) -> "Gemm":
-        """A tile's time from the K of the problem and one SM's rate (TFLOP/s of the whole GPU / its SMs), plus a
-        fixed cost per tile (its epilogue)."""
-        return Gemm(tile_m, tile_n, cluster_m, 2.0 * tile_m * tile_n * k / (tflops_per_sm * 1e12) * 1e6 + tile_fixed_us,
-                    swizzle_cost)
-
-    def beside_comm(self, links: "Links") -> "Gemm":
-        """This GEMM as it runs beside a comm kernel (a fused call)."""
-        f = links.gemm_beside_comm
-        return self if f == 1.0 else dataclasses.replace(self, tile_us=self.tile_us * f)
+from . import schedules as sch
+from .costs import PLAIN_SWIZZLE, Gemm, Links, swizzle_cost
 
 
 # ------------------------------------------------------------------------------------------------------------
 def gemm_work(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, sm_count: int) -> list[list[tuple[int, int]]]:
     """Per cluster of the launched grid, its work tiles in order as (row, n_tile): the cluster's CTAs take M-tile
     order entries row * cluster_m + i. The mapping of csrc gemm_ext.cuh OrderedTileScheduler: cluster c of C
-    takes items c, c + C, ... of `_schedule.gemm_items`."""
+    takes items c, c + C, ... of `schedules.gemm_items`."""
     if min(tiles_m, tiles_n, cluster_m, sm_count) < 1:
         raise ValueError(f"bad GEMM geometry: tiles {tiles_m}x{tiles_n}, cluster_m={cluster_m}, sm_count={sm_count}")
     items = sch.gemm_items(tiles_m, tiles_n, cluster_m, swizzle)
     clusters = max(1, min(sm_count // cluster_m, len(items)))
     return [items[c::clusters] for c in range(clusters)]
-
-
-# A GEMM whose swizzle groups hold few cluster rows re-reads B from memory for every group (B rarely fits in L2
-# beside A): measured on an H100 under MPS (2026-12-06, fused GEMM+RS's GEMM alone, 24-60 CTAs, K 1024-3584 per PE)
-# swizzle 1 ran 1.02-1.16x (most 1.07-1.09x) the time of swizzle 4 or 8, which ran alike. Tile time factor by the
-# swizzle (groups of fewer rows than the GEMM has); the decomposed paths run the plain GEMM's swizzle (8).
-SWIZZLE_COST = {1: 1.08, 2: 1.03}
-PLAIN_SWIZZLE = 8
-
-
-def swizzle_cost(g: Gemm, swizzle: int, tiles_m: int) -> float:
-    rows = -(-tiles_m // g.cluster_m)
-    return SWIZZLE_COST.get(swizzle, 1.0) if g.swizzle_cost and swizzle < rows else 1.0
 
 
 def run_gemm(order: list[int], tiles_n: int, g: Gemm, swizzle: int, sm_count: int,
@@ -521,185 +414,3 @@ def _rs_comm_us(world: int, node_size: int, m: int, n: int, elem_bytes: int, uni
     """The reduce-scatter alone (every partial in place, whole rows): the decomposed path's communication."""
     units = sch.rs_units(m // world, unit_rows, tile_m, n, tile_n)
     return max(rs_reduce(world, node_size, m, elem_bytes, units, blocks, lambda q, p: 0.0, links))
-
-
-class NoSplit(ValueError):
-    """No candidate split fits the SM budget."""
-
-
-def best(candidates: list, run: Callable) -> tuple:
-    """The candidate whose `run(candidate)` Result has the smallest fused time (the first of those within 0.5%:
-    list the cheaper candidates first). Returns (candidate, result)."""
-    best_c, best_r = None, None
-    for c in candidates:
-        r = run(c)
-        if best_r is None or r.fused_us < best_r.fused_us * 0.995:
-            best_c, best_r = c, r
-    if best_r is None:
-        raise NoSplit("no candidate split fits the SM budget")
-    return best_c, best_r
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The choices the fused ops make with the simulator (also what benchmarks/model.py predicts)
-AG_COMM_BLOCKS = (1, 2, 4, 8, 16)  # SM-engine all-gather sizes tried
-RS_COMM_BLOCKS = (2, 4, 8, 16, 24)  # reduce-scatter sizes tried
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """How a fused call uses the SM budget: its communication engine and blocks, the GEMM's CTAs, its swizzle."""
-
-    engine: str
-    comm_blocks: int
-    gemm_sms: int
-    swizzle: int
-    tail: int = 0           # GEMM+RS: (M-tile, column group) pieces whose reduction runs after the GEMM, on
-    tail_blocks: int = 0    # tail_blocks blocks
-    group_tiles: int = 0    # GEMM+RS: reduce units' width in N-tiles (0: whole rows)
-
-
-def gemm_sms_for(budget_sms: int, cluster_m: int, comm_blocks: int) -> int:
-    """GEMM CTAs beside a comm kernel of `comm_blocks` blocks, both inside the budget at once (a GEMM CTA fills an
-    SM's registers and shared memory, so a comm block never shares its SM). The comm kernel runs in clusters of
-    the GEMM's cluster size (AllGather.launch(cluster=)), so it takes whole cluster slots."""
-    comm_slots = -(-comm_blocks // cluster_m) * cluster_m
-    return (budget_sms - comm_slots) // cluster_m * cluster_m
-
-
-def split_candidates(engines, comm_blocks: Optional[int], budget_sms: int, cluster_m: int,
-                     pool: tuple[int, ...]) -> list[tuple[str, int]]:
-    """(engine, comm blocks) to try, cheapest first: the copy engines leave one SM to their barrier kernel; the
-    SM engine takes `comm_blocks` (given) or each of `pool` that leaves at least half the budget to the GEMM."""
-    out = [("ce", 1)] if "ce" in engines else []
-    if "sm" in engines:
-        if comm_blocks is not None:
-            out.append(("sm", comm_blocks))
-        else:
-            fit = [c for c in pool if c + cluster_m <= budget_sms // 2]
-            out += [("sm", c) for c in (fit or [max(1, min(pool[0], budget_sms - cluster_m))])]
-    return [(e, c) for e, c in out if gemm_sms_for(budget_sms, cluster_m, c) >= cluster_m]
-
-
-def ag_engines(one_domain: bool, emulated: bool, world: int) -> tuple[str, ...]:
-    """The all-gather engines AllGatherGEMM(engine='auto') chooses from: the copy engines only inside one NVLink
-    domain, with something to send, and unpaced (link emulation cannot pace them)."""
-    return ("ce", "sm") if one_domain and not emulated and world > 1 else ("sm",)
-
-
-def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: Gemm,
-                 budget_sms: int, chunk_rows: int, links: Links = Links(), engines=("sm",),
-                 comm_blocks: Optional[int] = None, decomposed_comm_blocks: Optional[int] = None,
-                 pes: Optional[list[int]] = None) -> tuple[Split, Result]:
-    """AllGatherGEMM's split for M = m: the candidate with the fastest predicted fused time over the GEMMs of
-    `pes` (default all). Each swizzle group of the fused GEMM stays inside one chunk's rows. Any PE's tile order
-    for the chosen split: `ag_order(r, pe, ...)`."""
-    all_sms = budget_sms // gemm.cluster_m * gemm.cluster_m
-    swz = swizzle_for(gemm, m, chunk_rows, n)[0]  # (only tile_m and cluster_m of the configuration matter)
-    cands = split_candidates(engines, comm_blocks, budget_sms, gemm.cluster_m, AG_COMM_BLOCKS)
-    dec = decomposed_comm_blocks or max([c for e, c in cands if e == "sm"] or [AG_COMM_BLOCKS[-1]])
-
-    def run(c):
-        return simulate_ag_gemm(world=world, node_size=node_size, m=m, n=n, k=k, gemm=gemm,
-                                gemm_sms=gemm_sms_for(budget_sms, gemm.cluster_m, c[1]), all_sms=all_sms,
-                                comm_blocks=c[1], chunk_rows=chunk_rows, swizzle=swz, elem_bytes=elem_bytes,
-                                links=links, engine=c[0], pes=pes, decomposed_comm_blocks=dec)
-    (e, cb), r = best(cands, run)
-    return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), swz), r
-
-
-def ag_order(r: Result, pe: int, m: int, tile_m: int, world: int, chunk_rows: int) -> list[int]:
-    """PE `pe`'s M-tile order table for the all-gather arrivals simulated in `r` (simulate_ag_gemm's, whichever
-    PEs' GEMMs it ran)."""
-    if pe in r.detail["order"]:
-        return r.detail["order"][pe]
-    return sch.ag_tile_order(m, tile_m, m // world, chunk_rows, r.detail["arrival_us"][pe])
-
-
-def rs_shapes(tiles_m: int, tiles_n: int, cluster_m: int, clusters: int,
-              group_tiles: Optional[int] = None, swizzle: Optional[int] = None) -> list[tuple[int, int]]:
-    """(swizzle, group_tiles) pairs GEMMReduceScatter tries: swizzle groups of S cluster rows, reduce units
-    `clusters // S` N-tiles wide, so that each wave of the GEMM completes one column group of S cluster rows. S = 1
-    gives whole rows (M-tiles complete one after another along N); a wider S spreads what one wave completes over
-    S * cluster_m M-tiles (consecutive in the tile order: segments of as many owners), so that the reductions of
-    the last wave, the part no overlap hides, are shared by that many PEs."""
-    rows = -(-tiles_m // cluster_m)
-    if swizzle is not None:  # the swizzle is given (FLUX_SHMEM_GEMM_CONFIG): whole rows or one wave's width
-        S = max(1, min(swizzle, rows))
-        widths = [group_tiles] if group_tiles is not None else [tiles_n, clusters // S]
-        return list(dict.fromkeys((S, max(1, min(tiles_n, w))) for w in widths))
-    if group_tiles is not None:  # the width is given: only the swizzle is chosen (whole rows: swizzle 1)
-        gt = min(tiles_n, group_tiles)
-        return [(1, tiles_n)] if gt == tiles_n else [(S, gt) for S in (1, 2, 4, 8) if S <= rows]
-    # (whole rows with S > 1 too: fewer B re-reads than S = 1, SWIZZLE_COST, for a later start of the reductions)
-    out = [(1, tiles_n)]
-    for S in (2, 4, 8):
-        if S <= rows:
-            out += list(dict.fromkeys([(S, max(1, min(tiles_n, clusters // S))), (S, tiles_n)]))
-    return out
-
-
-def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int, clusters: int) -> int:
-    """Pieces (M-tile, column group) whose last tile is in the GEMM's last wave of `clusters` work items."""
-    items = -(-tiles_m // cluster_m) * tiles_n
-    last = sch.rs_piece_items(range(tiles_m), tiles_n, cluster_m, swizzle, group_tiles)
-    return sum(w >= items - clusters for w in last.values())
-
-
-def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: Gemm,
-                 budget_sms: int, unit_rows: int, links: Links = Links(), comm_blocks: Optional[int] = None,
-                 decomposed_comm_blocks: Optional[int] = None, group_tiles: Optional[int] = None,
-                 swizzle: Optional[int] = None) -> tuple[Split, Result]:
-    """GEMMReduceScatter's split for M = m: comm blocks, the GEMM's swizzle and the reduce units' width
-    (`rs_shapes`; `group_tiles` given: that width), and a tail: none, the pieces of the GEMM's last wave, or those and a cluster row's more (the
-    reductions the comm kernel's few blocks would otherwise do after the GEMM, run wide once it ends)."""
-    all_sms = budget_sms // gemm.cluster_m * gemm.cluster_m
-    cands = split_candidates(("sm",), comm_blocks, budget_sms, gemm.cluster_m, RS_COMM_BLOCKS)
-    dec = decomposed_comm_blocks or max([c for _, c in cands] or [RS_COMM_BLOCKS[-1]])
-    tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
-    tail_blocks = min(all_sms, 64)
-
-    def run(c):
-        _, cb, sw, gt, tail = c
-        return simulate_gemm_rs(world=world, node_size=node_size, m=m, n=n, k=k, gemm=gemm,
-                                gemm_sms=gemm_sms_for(budget_sms, gemm.cluster_m, cb), all_sms=all_sms,
-                                comm_blocks=cb, unit_rows=unit_rows, swizzle=sw, group_tiles=gt,
-                                elem_bytes=elem_bytes, links=links, decomposed_comm_blocks=dec, tail=tail,
-                                tail_blocks=tail_blocks)
-
-    # A lower bound of a candidate's fused time, so that candidates which cannot win are not simulated: its GEMM
-    # alone on its SMs and, without a tail, a PE's reductions on the comm blocks, each unit at least its bytes over
-    # the model's block rates (reads of every node peer's addend and a write; independent of the units' width).
-    L, nodes = node_size, world // node_size
-    seg_bytes = nodes * (m // world) * n * elem_bytes  # a PE's NODE_SUM bytes (one addend)
-    bl = links.beside()  # the fused reduce runs beside the GEMM
-    per_byte = max(1 / (bl.block_gbps * 1e3) if L > 1 else 0.0, (L + 1) / (bl.local_gbps * 1e3))
-
-    def bound(c) -> float:
-        _, cb, sw, _, tail = c
-        gemm_us = _gemm_us(tiles_m, tiles_n, gemm, sw, gemm_sms_for(budget_sms, gemm.cluster_m, cb))
-        return gemm_us if tail else max(gemm_us, seg_bytes * per_byte / cb)
-
-    results: dict[tuple, Result] = {}
-
-    def evaluate(cs) -> None:
-        for c in sorted(cs, key=bound):
-            if not results or bound(c) < min(r.fused_us for r in results.values()) / 0.995:
-                results[c] = run(c)
-    # Every (comm blocks, swizzle, width) without a tail first; then tails for the three fastest of those and for
-    # the fastest with whole rows (a tail moves the last wave's reductions, which the split without one shows).
-    shapes, tails = [], {}
-    for e, cb in cands:
-        clusters = max(1, gemm_sms_for(budget_sms, gemm.cluster_m, cb) // gemm.cluster_m)
-        for sw, gt in rs_shapes(tiles_m, tiles_n, gemm.cluster_m, clusters, group_tiles, swizzle):
-            shapes.append((e, cb, sw, gt, 0))
-            wave = rs_last_wave(tiles_m, tiles_n, gemm.cluster_m, sw, gt, clusters)
-            row = gemm.cluster_m * -(-tiles_n // gt)  # the pieces of one more cluster row
-            tails[(e, cb, sw, gt)] = sorted({wave, min(wave + row, tiles_m * -(-tiles_n // gt))} - {0})
-    evaluate(shapes)
-    ranked = sorted(results, key=lambda c: results[c].fused_us)
-    top = set(ranked[:3]) | set([c for c in ranked if c[2] == 1][:1])
-    evaluate([c[:4] + (t,) for c in top for t in tails[c[:4]]])
-    # Within 0.5% the simpler schedule wins: whole rows one cluster row at a time, then fewer comm blocks, no tail.
-    (e, cb, sw, gt, tail), r = best(sorted(results, key=lambda c: (c[2], c[1], c[4])), results.__getitem__)
-    return Split(e, cb, gemm_sms_for(budget_sms, gemm.cluster_m, cb), sw, tail, tail_blocks if tail else 0, gt), r

@@ -1,396 +1,25 @@
-"""Fast call planning (issue 25): the fused ops' plan for a new M in a few milliseconds of host time.
-
-`simulate.py` is the reference model, but it simulates every chunk, tile and reduce unit of every PE: 0.05 s to
-seconds per M, too slow for a call that meets a new M (every rank stalls; a CUDA-graph capture cannot plan at all).
-This module plans from the same model in closed form:
-
-* Buckets of M (`bucket_of`): the decisions (path, engine, comm blocks, GEMM SMs, swizzle, reduce-unit width, tail
-  kind) are made once per bucket, at its representative M. Buckets follow tile counts while the GEMM has only a
-  few waves (a tile more or less changes its last wave) and are geometric (four per octave) above. What is cheap
-  and depends on M itself is made per M: the M-tile order, the tail's piece count, the all-gather's swizzle, and
-  in geometric buckets GEMMReduceScatter's split among the bucket's shortlist (`rs_refine`).
-* AllGather + GEMM (`plan_ag_gemm`): the arrivals come from one PE's sweep of its comm blocks, every other PE doing
-  the same rotated (the ring-shift schedule is symmetric), and the GEMM's makespan with waits from a closed form of
-  its static persistent schedule (`gemm_span`, equal to `simulate.run_gemm`'s). At large M the sweep merges chunks
-  (a reduced problem: the arrival rate is what the choice needs).
-* GEMM + ReduceScatter (`plan_gemm_rs`): pieces complete when the GEMM's closed form says; each PE's reduce blocks
-  drain them at `simulate.rs_reduce`'s unit costs, bounded by its NVLink ingress; the tail, which PEs start at
-  once, meets the peers' egress queues (`rs_estimates`, numpy over all candidates at once, on the tiles that
-  decide at large M).
-
-Where the simulator's link queues (their order of processing, not of start) shape its result, the model follows
-them in part: fused times are within a few percent for most splits, and the chosen split's simulated time within
-~5% of the simulator's best on the shapes tested (tests/test_plan_fast.py); `_fused.plan_call_full` still plans
-with the simulator itself, for comparison. Everything here is a pure function of its arguments: every PE plans
-alike.
-"""
+"""The fast model of GEMM + ReduceScatter (fast.py says how the fast planner works): pieces complete when the
+GEMM's closed form says, each PE's reduce blocks drain them at the simulator's unit costs; every candidate split
+estimated at once (numpy), the fastest taken; per M, the bucket's shortlist re-estimated (`rs_refine`)."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
 import math
 from typing import Optional, Sequence
 
 import numpy as np
 
-from ..kernels.config import swizzle_for
-from . import _schedule as sch
+from . import costs, search
 from . import simulate as S
-
-# ------------------------------------------------------------------------------------------------------------
-# Buckets of M
-BUCKET_RATIO = 2 ** 0.25   # geometric buckets: four per octave (M within 19% share their decisions)
-LINEAR_WAVES = 4           # below this many GEMM waves, buckets also follow the tile count
-
-
-@dataclasses.dataclass(frozen=True)
-class Bucket:
-    """M values [lo, hi] (multiples of the world size) planned alike, with the decisions made at M = rep."""
-
-    key: tuple
-    lo: int
-    hi: int
-    rep: int
-
-    @property
-    def by_tiles(self) -> bool:
-        """Whether every M of the bucket has the same tile count (below `linear_limit`)."""
-        return len(self.key) > 1
-
-
-def linear_limit(tile_m: int, tile_n: int, cluster_m: int, n: int, sms: int) -> int:
-    """The M below which the GEMM has fewer than LINEAR_WAVES waves on `sms` SMs (there, buckets follow tiles)."""
-    tiles_n = -(-n // tile_n)
-    clusters = max(1, sms // cluster_m)
-    return max(1, math.ceil(LINEAR_WAVES * clusters / tiles_n)) * cluster_m * tile_m
-
-
-def bucket_of(m: int, world: int, tile_m: int, linear_m: int) -> Bucket:
-    """M's bucket: the multiples of the world size whose rows per PE lie in M's geometric band [r^g, r^(g+1)) of
-    BUCKET_RATIO r and, below `linear_m`, whose tile count is M's too."""
-    if m < 1 or m % world:
-        raise ValueError(f"M = {m} must be a positive multiple of the world size {world}")
-    q = m // world
-    g = int(math.log(q) / math.log(BUCKET_RATIO))
-    while BUCKET_RATIO ** (g + 1) <= q:   # (guard the float log at band edges)
-        g += 1
-    while g > 0 and BUCKET_RATIO ** g > q:
-        g -= 1
-    lo, hi = math.ceil(BUCKET_RATIO ** g) * world, (math.ceil(BUCKET_RATIO ** (g + 1)) - 1) * world
-    key: tuple = (g,)
-    if m < linear_m:
-        t = -(-m // tile_m)
-        lo = max(lo, -(-((t - 1) * tile_m + 1) // world) * world)
-        hi = min(hi, t * tile_m // world * world, (linear_m - 1) // world * world)
-        key = (g, t)
-    else:
-        lo = max(lo, -(-linear_m // world) * world)
-    rep = min(hi, max(lo, round(math.sqrt(lo * hi) / world) * world))
-    return Bucket(key, lo, hi, rep)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The persistent GEMM in closed form
-def gemm_clusters(tiles_m: int, tiles_n: int, cluster_m: int, sms: int) -> int:
-    """Clusters of the persistent grid that get work (`simulate.gemm_work`)."""
-    return max(1, min(sms // cluster_m, -(-tiles_m // cluster_m) * tiles_n))
-
-
-def gemm_span(row_ready, tiles_n: int, cluster_m: int, swizzle: int, sms: int, tile_us: float) -> float:
-    """`simulate.run_gemm`'s makespan when cluster row r's A rows are there at row_ready[r]: cluster c walks items
-    c, c + C, ..., each taking tile_us after both it and its rows are ready, so it ends at the latest
-    ready(item) + (its items from there on) * tile_us, and item w has ceil((items - w) / C) items from it on
-    (a row's first item has the most)."""
-    rows = len(row_ready)
-    items = rows * tiles_n
-    c = max(1, min(sms // cluster_m, items))          # clusters that get work (`gemm_clusters`)
-    s = max(1, min(swizzle, rows))
-    r = np.arange(rows)
-    first = r // s * s * tiles_n + r % s             # each row's first item (`_schedule.gemm_items`)
-    return max(-(-items // c) * tile_us, float((np.asarray(row_ready) + -(-(items - first) // c) * tile_us).max()))
-
-
-def gemm_plain_us(tiles_m: int, tiles_n: int, cluster_m: int, sms: int, tile_us: float) -> float:
-    """The GEMM's time with no waits (`simulate._gemm_us`): whole waves of its clusters."""
-    items = -(-tiles_m // cluster_m) * tiles_n
-    return -(-items // gemm_clusters(tiles_m, tiles_n, cluster_m, sms)) * tile_us
-
-
-def pick(candidates: list, us) -> tuple:
-    """`simulate.best` on estimates: the candidate with the smallest `us(candidate)`, the first of those within
-    0.5% (candidates listed cheapest first). Returns (candidate, its estimate)."""
-    best_c, best_us = None, math.inf
-    for c in candidates:
-        if us(c) < best_us * 0.995:
-            best_c, best_us = c, us(c)
-    if best_c is None:
-        raise S.NoSplit("no candidate split fits the SM budget")
-    return best_c, best_us
-
-
-# ------------------------------------------------------------------------------------------------------------
-# AllGather + GEMM
-@dataclasses.dataclass(frozen=True)
-class AgArrivals:
-    """When each chunk arrives, seen from any PE: at[dn * L + dl][c] is chunk c of the shard of the PE dn nodes and
-    dl local indices further on (0: its own). end: when a PE's comm kernel (or copy stream) is done. sends: PE 0's
-    transfers (issued, block, start, duration, egress end, floor, link class, destination, what), if recorded."""
-
-    world: int
-    node_size: int
-    at: np.ndarray       # [world, chunks]
-    end: float
-    sends: tuple = ()
-
-    def of(self, pe: int) -> np.ndarray:
-        """PE pe's view: arrival times [shard, chunk]."""
-        L, N = self.node_size, self.world // self.node_size
-        s = np.arange(self.world)
-        return self.at[((s // L - pe // L) % N) * L + (s - pe) % L]
-
-    @property
-    def last(self) -> float:
-        return float(self.at.max())
-
-
-def ag_arrivals(world: int, node_size: int, rows: int, row_bytes: int, chunk_rows: int, comm_blocks: int,
-                links: S.Links, engine: str = "sm", record: bool = False) -> AgArrivals:
-    """`simulate.ag_arrivals` for PE 0, every other PE doing the same rotated (each phase of `_schedule.ag_units` is
-    a ring shift: each destination receives from one source at a time). Units are walked in issue order; a block
-    starts a unit when it is free and the data is there; the PE's NVLink and IB egress links are FIFO queues.
-    record: keep PE 0's transfers (for `ag_last_at`)."""
-    L, N = node_size, world // node_size
-    chunks = -(-rows // chunk_rows)
-    nbs = [min(chunk_rows, rows - c * chunk_rows) * row_bytes for c in range(chunks)]
-    if engine == "ce":  # one copy stream, in ag_ce_copies' order: my shard, then peer me - i for i = 1, 2, ...
-        at = [[0.0] * chunks for _ in range(world)]
-        t, local = 0.0, links.ce_local_gbps * 1e3
-        for c in range(chunks):
-            t = at[0][c] = t + nbs[c] / local
-        rate = min(links.ce_gbps, links.nvlink_gbps) * 1e3
-        for i in range(1, world):
-            row = at[i]
-            for c in range(chunks):
-                t = row[c] = t + nbs[c] / rate + links.nvlink_latency_us
-        return AgArrivals(world, world, np.array(at), t)
-    # PE 0's units in issue order (`_schedule.ag_units`): (kind, node step j, local step i, chunk); dealt to the
-    # blocks round-robin; blocks run in time order (ties: lower block first), as `simulate._run_blocks` runs them.
-    units = [(sch.LOCAL, 0, 0, c) for c in range(chunks)]
-    units += [(sch.PUT, j, 0, c) for j in range(1, N) for c in range(chunks)]
-    units += [(sch.DIRECT, 0, i, c) for i in range(1, L) for c in range(chunks)]
-    for j in range(1, N):
-        for c in range(chunks):
-            units.append((sch.ACCEPT, j, 0, c))
-            units += [(sch.FORWARD, j, i, c) for i in range(1, L)]
-    at = [[0.0] * chunks for _ in range(world)]
-    B = comm_blocks
-    nv, ib = links.nvlink_gbps * 1e3, links.ib_gbps * 1e3
-    nv_lat, ib_lat, issue = links.nvlink_latency_us, links.ib_latency_us, links.put_issue_us
-    blk = links.block_gbps * 1e3
-    put_rate = (links.put_block_gbps if links.put_by_blocks else links.block_gbps) * 1e3
-    own = rows * row_bytes / (links.ce_local_gbps * 1e3)  # my shard's copy into my gather buffer
-    eg = [0.0, 0.0]                                       # egress clocks: NVLink, IB
-    known: dict = {}                                      # ('put', j, c): when node n + j's put lands here;
-    parked: dict = {}                                     # ('acc', j, c): when I accepted it
-    sends: list = []
-    nxt = list(range(min(B, len(units))))                 # each block's next unit
-    heap = [(0.0, b) for b in range(len(nxt))]
-    end = 0.0
-    while heap:
-        t, b = heapq.heappop(heap)
-        u = nxt[b]
-        if u >= len(units):
-            end = max(end, t)
-            continue
-        kind, j, i, c = units[u]
-        nb = nbs[c]
-        if kind == sch.LOCAL:
-            done = at[0][c] = max(t, own)
-        elif kind == sch.ACCEPT or kind == sch.FORWARD:
-            need = ("put", j, c) if kind == sch.ACCEPT else ("acc", j, c)
-            if need not in known:
-                parked.setdefault(need, []).append((t, b))
-                continue
-            t = max(t, known[need])
-            if kind == sch.ACCEPT:
-                done = at[j * L][c] = known[("acc", j, c)] = t + issue
-                for tb, pb in parked.pop(("acc", j, c), []):
-                    heapq.heappush(heap, (max(tb, done), pb))
-            else:
-                done = at[j * L + i][c] = _send(eg, 0, t, t, nb, nv, blk, nv_lat, b, L - i, (j, i, c), sends, record)
-        elif kind == sch.DIRECT:
-            done = at[i][c] = _send(eg, 0, t, max(t, own), nb, nv, blk, nv_lat, b, L - i, (0, i, c), sends, record)
-        else:  # PUT: my chunk c is in place (LOCAL units come first), lands as node n + j's put to me
-            t = max(t, at[0][c])
-            land = known[("put", j, c)] = _send(eg, 1, t, t, nb, ib, put_rate, ib_lat, b, ((N - j) % N) * L,
-                                                ("put", j, c), sends, record)
-            for tb, pb in parked.pop(("put", j, c), []):
-                heapq.heappush(heap, (max(tb, land), pb))
-            done = land if links.put_by_blocks else t + issue
-        nxt[b] = u + B
-        heapq.heappush(heap, (done, b))
-    if parked:
-        raise RuntimeError(f"all-gather model deadlock: {sorted(parked)[:4]}")
-    return AgArrivals(world, L, np.array(at), end, tuple(sends))
-
-
-def _send(eg: list, cls: int, issued: float, ready: float, nb: float, gbps: float, rate: float, lat: float, b: int,
-          dest: int, what, sends: list, record: bool) -> float:
-    """A transfer on PE 0's egress link `cls` (a FIFO queue; `simulate._Net.transfer` without the receiver's)."""
-    start = ready if ready > eg[cls] else eg[cls]
-    e = eg[cls] = start + nb / gbps
-    floor = ready + nb / rate
-    if record:
-        sends.append((issued, b, start, nb / gbps, e, floor, cls, dest, what))
-    return (e if e > floor else floor) + lat
-
-
-def ag_last_at(arr: AgArrivals, d: int, links: S.Links) -> float:
-    """When the last chunk lands at PE d with `simulate._Net`'s receiver queues: a transfer joins its receiver's
-    link queue when the simulator processes it (issue time, then sender, then block), not when it starts, so a
-    receiver that first hears of a late transfer queues its earlier ones behind it. PE 0 never does (its senders
-    issue in ring order); PE 1 does on one node. Senders' clocks are PE 0's (the delays do not feed back, which
-    across nodes they do: there `ag_comm_us` asks the simulator where that is cheap)."""
-    L, N = arr.node_size, arr.world // arr.node_size
-    lat = (links.nvlink_latency_us, links.ib_latency_us)
-    dn, dl = d // L, d % L
-    incoming = sorted(((e[0], ((dn - e[7] // L) % N) * L + (dl - e[7]) % L, e[1]), e) for e in arr.sends)
-    q = [0.0, 0.0]
-    last = 0.0
-    for _, (issued, b, start, dur, eg_end, floor, cls, dest, what) in incoming:
-        q[cls] = max(q[cls], start) + dur
-        t = max(eg_end, q[cls], floor) + lat[cls]
-        if what[0] == "put":  # accepted by my own block, then forwarded: by the canonical times, or later
-            t = max(t + links.put_issue_us, float(arr.at[what[1] * L, what[2]]))
-        last = max(last, t)
-    return max(last, arr.last)
-
-
-DECIDE_UNITS = 300    # all-gather units per PE each candidate's sweep walks at most (chunks merged above)
-ORDER_UNITS = 600     # ... the sweep of a call's M-tile order, and of the decomposed path's all-gather across nodes
-#                       (where the forwards' pipelining needs the finer chunks)
-QUEUE_WORK = 1200     # transfers x receivers `ag_last_at` replays at most (beyond: the symmetric view)
-SIM_TRANSFERS = 400   # all-gather units of all PEs `ag_comm_us` has the simulator run at most
-
-
-def model_chunk_rows(world: int, node_size: int, rows: int, chunk_rows: int, max_units: int) -> int:
-    """The chunk the model sweeps: the op's, or a power-of-two multiple of it, so that a PE's units (chunks x
-    (world + (nodes - 1) x node_size), `_schedule.ag_units`) stay within max_units (a reduced problem: what the
-    choice needs, at large M, is the rate of the arrivals, not the order of every chunk)."""
-    per_chunk = world + (world // node_size - 1) * node_size
-    while -(-rows // chunk_rows) * per_chunk > max_units and chunk_rows < rows:
-        chunk_rows *= 2
-    return chunk_rows
-
-
-def ag_comm_us(world: int, node_size: int, rows: int, row_bytes: int, chunk_rows: int, blocks: int,
-               links: S.Links) -> float:
-    """The all-gather alone (the decomposed path's communication): when its last chunk lands anywhere. On one node
-    the receivers' queues of `simulate._Net` are replayed (`ag_last_at`) where that is cheap. Across nodes their
-    delays also feed back into the senders: a small problem (a few hundred transfers) is simulated
-    (`simulate.ag_arrivals`), a larger one replays the receivers where puts and forwards meet (nodes 0 and 1), and
-    a large one, where those delays are small next to the transfers, takes the symmetric view."""
-    L, N = node_size, world // node_size
-    chunks = -(-rows // chunk_rows)
-    if N > 1 and world * chunks * (world + (N - 1) * L) <= SIM_TRANSFERS:
-        arr, _ = S.ag_arrivals(world, L, rows, row_bytes, chunk_rows, blocks, links, "sm")
-        return max(max(a.values()) for a in arr)
-    arr = ag_arrivals(world, L, rows, row_bytes, chunk_rows, blocks, links, "sm", record=True)
-    pes = range(world) if N == 1 else sorted({d for d in (1, 2, L - 1, L, L + 1, L + 2) if d < world})
-    if len(arr.sends) * len(pes) > QUEUE_WORK:
-        return arr.last
-    return max(ag_last_at(arr, d, links) for d in pes)
-
-
-def ag_tile_ready(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> np.ndarray:
-    """When each M-tile's rows are all at PE `pe` (`_schedule.tile_chunks`): the latest of the chunks its rows
-    span, which are consecutive in (shard, chunk) order."""
-    view = arr.of(pe).ravel()
-    chunks = arr.at.shape[1]
-    lo = np.arange(0, m, tile_m)
-    hi = np.minimum(lo + tile_m, m) - 1
-
-    def flat(r):
-        return r // rows * chunks + r % rows // chunk_rows
-    return np.maximum(np.maximum.reduceat(view, flat(lo)), view[flat(hi)])
-
-
-def ag_order(arr: AgArrivals, pe: int, m: int, tile_m: int, rows: int, chunk_rows: int) -> list[int]:
-    """PE `pe`'s M-tile order table: tiles by when their rows arrive, ties in row order (`_schedule.ag_tile_order`)."""
-    return np.argsort(ag_tile_ready(arr, pe, m, tile_m, rows, chunk_rows), kind="stable").tolist()
-
-
-def ag_call_order(world: int, node_size: int, m: int, k: int, elem_bytes: int, tile_m: int, chunk_rows: int,
-                  links: S.Links, engine: str, comm_blocks: int, rank: int) -> list[int]:
-    """PE `rank`'s M-tile order for a call with M = m whose all-gather runs on `engine` / `comm_blocks` (the
-    model's arrivals beside the GEMM, as `simulate.simulate_ag_gemm` orders tiles)."""
-    rows = m // world
-    cr = model_chunk_rows(world, node_size, rows, chunk_rows, ORDER_UNITS)
-    arr = ag_arrivals(world, node_size, rows, k * elem_bytes, cr, comm_blocks,
-                      links.beside() if engine == "sm" else links, engine)
-    return ag_order(arr, rank, m, tile_m, rows, cr)
-
-
-def ag_fused_us(arr: AgArrivals, m: int, n: int, gemm: S.Gemm, gemm_sms: int, swizzle: int, rows: int,
-                chunk_rows: int) -> float:
-    """PE 0's fused time: its GEMM walking tiles in arrival order, waiting for their rows, and its comm kernel."""
-    ready = ag_tile_ready(arr, 0, m, gemm.tile_m, rows, chunk_rows)
-    ready = ready[np.argsort(ready, kind="stable")]
-    row_ready = np.maximum.reduceat(ready, np.arange(0, len(ready), gemm.cluster_m))
-    tile_us = gemm.tile_us * S.swizzle_cost(gemm, swizzle, -(-m // gemm.tile_m))
-    return max(arr.end, gemm_span(row_ready, -(-n // gemm.tile_n), gemm.cluster_m, swizzle, gemm_sms, tile_us))
-
-
-def plan_ag_gemm(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: S.Gemm,
-                 budget_sms: int, chunk_rows: int, links: S.Links = S.Links(), engines=("sm",),
-                 comm_blocks: Optional[int] = None,
-                 decomposed_comm_blocks: Optional[int] = None) -> tuple[S.Split, S.Result]:
-    """`simulate.plan_ag_gemm` (with pes=[0]) from the closed-form model: the same candidates, the same rule (the
-    first within 0.5% of the fastest predicted fused time), candidates whose lower bound cannot win skipped."""
-    rows, cm = m // world, gemm.cluster_m
-    all_sms = budget_sms // cm * cm
-    swz = swizzle_for(gemm, m, chunk_rows, n)[0]
-    cands = S.split_candidates(engines, comm_blocks, budget_sms, cm, S.AG_COMM_BLOCKS)
-    dec = decomposed_comm_blocks or max([c for e, c in cands if e == "sm"] or [S.AG_COMM_BLOCKS[-1]])
-    tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
-    nbytes = rows * k * elem_bytes * (world - 1)          # what each PE receives
-    fast = gemm.beside_comm(links)
-    cr = model_chunk_rows(world, node_size, rows, chunk_rows, DECIDE_UNITS)
-
-    def bound(c) -> float:  # its GEMM alone, and its bytes at the comm's best rate
-        e, cb = c
-        g = fast if e == "sm" else gemm
-        lb = links.beside() if e == "sm" else links
-        rate = lb.ce_gbps if e == "ce" else min(cb * lb.block_gbps, lb.nvlink_gbps if node_size > 1 else lb.ib_gbps)
-        return max(gemm_plain_us(tiles_m, tiles_n, cm, S.gemm_sms_for(budget_sms, cm, cb), g.tile_us),
-                   nbytes / (rate * 1e3))
-
-    fused: dict = {}
-    for c in sorted(cands, key=bound):   # (a candidate whose bound is no better than a result cannot win)
-        if fused and bound(c) >= min(fused.values()) * 0.995:
-            continue
-        e, cb = c
-        arr = ag_arrivals(world, node_size, rows, k * elem_bytes, cr, cb, links.beside() if e == "sm" else links, e)
-        fused[c] = ag_fused_us(arr, m, n, fast if e == "sm" else gemm, S.gemm_sms_for(budget_sms, cm, cb), swz,
-                               rows, cr)
-    best_c, best_us = pick([c for c in cands if c in fused], fused.__getitem__)
-    comm = ag_comm_us(world, node_size, rows, k * elem_bytes, cr if world == node_size else
-                      model_chunk_rows(world, node_size, rows, chunk_rows, ORDER_UNITS), dec, links)
-    gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, S.gemm_sms_for(budget_sms, cm, best_c[1]),
-                           gemm.tile_us * S.swizzle_cost(gemm, swz, tiles_m))
-    gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms,
-                             gemm.tile_us * S.swizzle_cost(gemm, S.PLAIN_SWIZZLE, tiles_m))
-    r = S.Result("ag_gemm", best_us, comm + gemm_all, comm, gemm_f, gemm_all, [best_us], {"model": "plan_fast"})
-    return S.Split(best_c[0], best_c[1], S.gemm_sms_for(budget_sms, cm, best_c[1]), swz), r
-
+from .fast import gemm_clusters, gemm_plain_us, pick
 
 # ------------------------------------------------------------------------------------------------------------
 # GEMM + ReduceScatter
 @dataclasses.dataclass(frozen=True)
 class RsGeometry:
     """What a GEMM+RS call with M = m reduces, seen from node 0 (the other nodes do the same, rotated): its GEMM's
-    M-tile order (`_schedule.rs_tile_order`, common to a node's PEs) and one entry per (M-tile, segment) of the
+    M-tile order (`schedules.rs_tile_order`, common to a node's PEs) and one entry per (M-tile, segment) of the
     rows the segment's node-0 reducer sums: local index, rows, row units, whether the segment is node 0's own."""
 
     world: int
@@ -468,7 +97,7 @@ def _cuts(m: int, world: int, tile_m: int) -> tuple:
 
 
 def _rs_order(pe: int, world: int, node_size: int, tile_m: int, ms: int, lo, tile, seg) -> np.ndarray:
-    """`_schedule.rs_tile_order` from the tile/segment pieces: tiles by the latest (phase, tile within the segment,
+    """`schedules.rs_tile_order` from the tile/segment pieces: tiles by the latest (phase, tile within the segment,
     index in the phase) of their segments, then by tile."""
     L, N = node_size, world // node_size
     j = (seg // L - pe // L) % N                                   # nodes after mine (0: my own)
@@ -479,21 +108,21 @@ def _rs_order(pe: int, world: int, node_size: int, tile_m: int, ms: int, lo, til
 
 
 def rs_tile_order(pe: int, world: int, node_size: int, m: int, tile_m: int) -> list[int]:
-    """`_schedule.rs_tile_order`, vectorized (a call's order at large M in well under a millisecond)."""
+    """`schedules.rs_tile_order`, vectorized (a call's order at large M in well under a millisecond)."""
     if m <= 0 or tile_m <= 0 or m % world:
         raise ValueError(f"m={m} must be a positive multiple of world={world}; tile_m={tile_m} positive")
     lo, _, tile, seg = _cuts(m, world, tile_m)
     return _rs_order(pe, world, node_size, tile_m, m // world, lo, tile, seg).tolist()
 
 
-def _unit_us(nb, sources: int, lk: S.Links):
+def _unit_us(nb, sources: int, lk: costs.Links):
     """One reduce unit of nb bytes per source on one block (`simulate.rs_reduce`: its local traffic or its latency
     floor); nb an int or an array."""
     mx = max if isinstance(nb, int) else np.maximum
     return mx((sources + 1) * nb / (lk.local_gbps * 1e3), lk.unit_us + -(-nb // 32768) * sources * lk.pass_latency_us)
 
 
-def _node_sum_us(nb, node_size: int, lk: S.Links):
+def _node_sum_us(nb, node_size: int, lk: costs.Links):
     """A node sum's unit: `_unit_us` of node_size sources, and with peers its loads at one block's rate."""
     d = _unit_us(nb, node_size, lk)
     if node_size == 1:
@@ -514,15 +143,15 @@ class RsSplit:
     tail: int = 0
 
 
-def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_blocks: int,
-                 links: S.Links) -> np.ndarray:
+def rs_estimates(geo: RsGeometry, gemm: costs.Gemm, splits: Sequence[RsSplit], tail_blocks: int,
+                 links: costs.Links) -> np.ndarray:
     """`simulate.simulate_gemm_rs`'s fused time of each split, in closed form, all splits at once (numpy over one
     flat array of slots: per split and reducer, its (entry, column group) pieces, latest completion first).
     `gemm` and `links` as they run beside each other (`Gemm.beside_comm`, `Links.beside`).
 
     A piece (M-tile, column group) completes with the work item of its row that holds the group's last N-tile
-    (`_schedule.gemm_items`), at the end of that item's wave. A reducer's comm blocks take its units in completion
-    order (`_schedule.rs_completion`), so it ends at the latest (piece done + the time its work from that piece on
+    (`schedules.gemm_items`), at the end of that item's wave. A reducer's comm blocks take its units in completion
+    order (`schedules.rs_completion`), so it ends at the latest (piece done + the time its work from that piece on
     takes: its units round-robin on the blocks at `_node_sum_us` each, or their loads on its NVLink ingress). Its
     final sums (several nodes) follow its node sums and wait for the last node partial over IB (the other nodes'
     puts of its segment, rotated: its own puts). The last `tail` pieces start when the GEMM ends, on tail_blocks
@@ -537,7 +166,7 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     C, sw, gt, cb = np.array([(gemm_clusters(tiles_m, tn, cm, sp.gemm_sms), max(1, min(sp.swizzle, rows_c)),
                                sp.group_tiles, sp.comm_blocks) for sp in splits]).T
     cb = cb.astype(float)
-    tu = np.array([gemm.tile_us * S.swizzle_cost(gemm, sp.swizzle, tiles_m) for sp in splits])
+    tu = np.array([gemm.tile_us * costs.swizzle_cost(gemm, sp.swizzle, tiles_m) for sp in splits])
     groups = -(-tn // gt)
     gmax = int(groups.max())
     G = np.arange(gmax)
@@ -656,7 +285,7 @@ def rs_estimates(geo: RsGeometry, gemm: S.Gemm, splits: Sequence[RsSplit], tail_
     return ends.max(axis=1)
 
 
-def rs_comm_us(geo: RsGeometry, blocks: int, links: S.Links) -> float:
+def rs_comm_us(geo: RsGeometry, blocks: int, links: costs.Links) -> float:
     """`simulate._rs_comm_us` in closed form: the reduce-scatter alone (every partial in place, whole rows) on
     `blocks` blocks per PE, units at `_unit_us` each, the PE's NVLink ingress carrying (node_size - 1) loads of
     every unit with one burst of the queues of `simulate._Net.gather` (every PE starts at once), then for several
@@ -680,7 +309,7 @@ def rs_comm_us(geo: RsGeometry, blocks: int, links: S.Links) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def rs_last_wave(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, group_tiles: int, clusters: int) -> int:
-    """`simulate.rs_last_wave` from the last `clusters` work items alone: a piece is in the last wave when the item
+    """`search.rs_last_wave` from the last `clusters` work items alone: a piece is in the last wave when the item
     of its row with its group's last N-tile is."""
     rows = -(-tiles_m // cluster_m)
     items = rows * tiles_n
@@ -731,7 +360,7 @@ def _reduced_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: in
     return geo.reduced(-(-node_size // 16) * 16, -(-max(32, REDUCED_WAVES * wave_tiles) // 16) * 16)
 
 
-def reduced_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, gemm: S.Gemm,
+def reduced_geometry(world: int, node_size: int, m: int, n: int, elem_bytes: int, unit_rows: int, gemm: costs.Gemm,
                      budget_sms: int) -> RsGeometry:
     """The geometry the estimates need: each reducer's first piece (in the order's first node_size tiles) and the
     tiles of the GEMM's last REDUCED_WAVES waves (at least 32) decide (`RsGeometry.reduced`; tests/test_plan_fast.py:
@@ -745,7 +374,7 @@ class RsPlan:
     """`plan_gemm_rs`'s choice: the split, its prediction (and the decomposed path's), its tail kind (an index of
     TAIL_KINDS) and the (comm blocks, swizzle, width) of the best few splits, the chosen first."""
 
-    split: S.Split
+    split: search.Split
     predicted: S.Result
     tail_kind: int
     shortlist: tuple
@@ -754,24 +383,24 @@ class RsPlan:
 SHORTLIST = 4  # GEMM+RS shapes a bucket keeps for `rs_refine` to choose among per M
 
 
-def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: S.Gemm,
-                 budget_sms: int, unit_rows: int, links: S.Links = S.Links(), comm_blocks: Optional[int] = None,
+def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_bytes: int, gemm: costs.Gemm,
+                 budget_sms: int, unit_rows: int, links: costs.Links = costs.Links(), comm_blocks: Optional[int] = None,
                  decomposed_comm_blocks: Optional[int] = None, group_tiles: Optional[int] = None,
                  swizzle: Optional[int] = None) -> RsPlan:
-    """`simulate.plan_gemm_rs` from the closed-form model (`rs_estimates`), the same search: every (comm blocks,
+    """`search.plan_gemm_rs` from the closed-form model (`rs_estimates`), the same search: every (comm blocks,
     swizzle, width) without a tail, then tails for the three fastest and the fastest with whole rows; within 0.5%
-    the simpler schedule. Candidates whose bound (simulate.plan_gemm_rs's) cannot win are skipped."""
+    the simpler schedule. Candidates whose bound (search.plan_gemm_rs's) cannot win are skipped."""
     cm = gemm.cluster_m
     all_sms = budget_sms // cm * cm
-    cands = S.split_candidates(("sm",), comm_blocks, budget_sms, cm, S.RS_COMM_BLOCKS)
-    dec = decomposed_comm_blocks or max([c for _, c in cands] or [S.RS_COMM_BLOCKS[-1]])
+    cands = search.split_candidates(("sm",), comm_blocks, budget_sms, cm, search.RS_COMM_BLOCKS)
+    dec = decomposed_comm_blocks or max([c for _, c in cands] or [search.RS_COMM_BLOCKS[-1]])
     tiles_m, tiles_n = -(-m // gemm.tile_m), -(-n // gemm.tile_n)
     comm = rs_comm_us(rs_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm.tile_m, gemm.tile_n), dec,
                       links)
     geo = reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm, budget_sms)
     tail_blocks = min(all_sms, 64)
     g, lk = gemm.beside_comm(links), links.beside()
-    # simulate.plan_gemm_rs's bound (its GEMM alone and, without a tail, the PE's node-sum bytes at the blocks'
+    # search.plan_gemm_rs's bound (its GEMM alone and, without a tail, the PE's node-sum bytes at the blocks'
     # rates): the same shapes reach the tail stage as there (a tighter bound would keep a shape that only wins
     # with a tail from ever getting one)
     seg_bytes = world // node_size * (m // world) * n * elem_bytes
@@ -779,12 +408,12 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     bounds: dict = {}
 
     def sms(cb: int) -> int:
-        return S.gemm_sms_for(budget_sms, cm, cb)
+        return search.gemm_sms_for(budget_sms, cm, cb)
 
     def bound(c) -> float:
         if c not in bounds:
             cb, sw, gt, kind = c
-            span = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), g.tile_us * S.swizzle_cost(g, sw, tiles_m))
+            span = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), g.tile_us * costs.swizzle_cost(g, sw, tiles_m))
             bounds[c] = span if kind else max(span, seg_bytes * per_byte / cb)
         return bounds[c]
 
@@ -805,20 +434,20 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
                 est.update(zip(batch, rs_estimates(geo, g, splits, tail_blocks, lk).tolist()))
 
     shapes = [(cb, sw, gt, 0) for _, cb in cands
-              for sw, gt in S.rs_shapes(tiles_m, tiles_n, cm, max(1, sms(cb) // cm), group_tiles, swizzle)]
+              for sw, gt in search.rs_shapes(tiles_m, tiles_n, cm, max(1, sms(cb) // cm), group_tiles, swizzle)]
     evaluate(shapes)
     # (shapes skipped above rank by their bound here: a tail may still make them win)
     ranked = sorted(shapes, key=lambda c: est.get(c, bound(c)))
-    # (and, beyond simulate.plan_gemm_rs's three fastest and fastest with whole rows, the fastest of each comm
+    # (and, beyond search.plan_gemm_rs's three fastest and fastest with whole rows, the fastest of each comm
     # blocks count: the model's errors, a few percent, can reorder the no-tail splits that a tail then reorders)
     top = set(ranked[:3]) | set([c for c in ranked if c[1] == 1][:1]) | set({c[0]: c for c in ranked[::-1]}.values())
     evaluate([c[:3] + (kind,) for c in top for kind in (1, 2)])
     (cb, sw, gt, kind), fused = pick(sorted(est, key=lambda c: (c[1], c[0], c[3])), est.__getitem__)
     tail = rs_tail(kind, tiles_m, tiles_n, cm, sw, gt, sms(cb) // cm)
-    gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), gemm.tile_us * S.swizzle_cost(gemm, sw, tiles_m))
+    gemm_f = gemm_plain_us(tiles_m, tiles_n, cm, sms(cb), gemm.tile_us * costs.swizzle_cost(gemm, sw, tiles_m))
     gemm_all = gemm_plain_us(tiles_m, tiles_n, cm, all_sms,
-                             gemm.tile_us * S.swizzle_cost(gemm, S.PLAIN_SWIZZLE, tiles_m))
-    r = S.Result("gemm_rs", fused, gemm_all + comm, comm, gemm_f, gemm_all, [fused], {"model": "plan_fast"})
+                             gemm.tile_us * costs.swizzle_cost(gemm, costs.PLAIN_SWIZZLE, tiles_m))
+    r = S.Result("gemm_rs", fused, gemm_all + comm, comm, gemm_f, gemm_all, [fused], {"model": "fast"})
     # the shortlist: the choice, the runner-up shape of its comm blocks, and the best shape of each other comm
     # blocks count (the GEMM's wave quantization, which differs per count, moves with M inside a bucket)
     shapes_by_us = list(dict.fromkeys(c[:3] for c in sorted(est, key=est.__getitem__)))
@@ -826,12 +455,12 @@ def plan_gemm_rs(*, world: int, node_size: int, m: int, n: int, k: int, elem_byt
     others = list({c[0]: c for c in reversed(shapes_by_us) if c[0] != cb}.values())
     others.sort(key=shapes_by_us.index)
     shortlist = tuple([(cb, sw, gt)] + mine + others)[:SHORTLIST]
-    return RsPlan(S.Split("sm", cb, sms(cb), sw, tail, tail_blocks if tail else 0, gt), r, kind if tail else 0,
+    return RsPlan(search.Split("sm", cb, sms(cb), sw, tail, tail_blocks if tail else 0, gt), r, kind if tail else 0,
                   shortlist)
 
 
-def rs_refine(*, world: int, node_size: int, m: int, n: int, elem_bytes: int, gemm: S.Gemm, budget_sms: int,
-              unit_rows: int, links: S.Links, shortlist: Sequence[tuple]) -> tuple[S.Split, int]:
+def rs_refine(*, world: int, node_size: int, m: int, n: int, elem_bytes: int, gemm: costs.Gemm, budget_sms: int,
+              unit_rows: int, links: costs.Links, shortlist: Sequence[tuple]) -> tuple[search.Split, int]:
     """The split for this very M among a bucket's shortlisted (comm blocks, swizzle, width), each without a tail
     and with the last wave's (the first, the bucket's choice, with the longer tail too), in one `rs_estimates`
     batch: the GEMM's last wave, which decides the tail and the reduce units' shape, changes with M inside a
@@ -848,11 +477,11 @@ def rs_refine(*, world: int, node_size: int, m: int, n: int, elem_bytes: int, ge
             if c not in cands:
                 cands.append(c)
     geo = reduced_geometry(world, node_size, m, n, elem_bytes, unit_rows, gemm, budget_sms)
-    sms = {cb: S.gemm_sms_for(budget_sms, cm, cb) for cb, _, _ in shortlist}
+    sms = {cb: search.gemm_sms_for(budget_sms, cm, cb) for cb, _, _ in shortlist}
     tails = {c: rs_tail(c[3], tiles_m, tiles_n, cm, c[1], c[2], sms[c[0]] // cm) for c in cands}
     us = rs_estimates(geo, gemm.beside_comm(links), [RsSplit(sms[c[0]], c[0], c[1], c[2], tails[c]) for c in cands],
                       tail_blocks, links.beside()).tolist()
     est = dict(zip(cands, us))
     (cb, sw, gt, kind), _ = pick(sorted(est, key=lambda c: (c[1], c[0], c[3])), est.__getitem__)
     tail = tails[(cb, sw, gt, kind)]
-    return S.Split("sm", cb, sms[cb], sw, tail, tail_blocks if tail else 0, gt), kind if tail else 0
+    return search.Split("sm", cb, sms[cb], sw, tail, tail_blocks if tail else 0, gt), kind if tail else 0

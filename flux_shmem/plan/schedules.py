@@ -1,6 +1,6 @@
 """Schedules of the fused ops, as pure functions: the one place that decides who sends what, in which order, and
 in which order the GEMM visits its tiles. The kernels read these as tables (no schedule logic in C++), and the
-simulator (`flux_shmem.ops.simulate`) runs exactly these functions, so what is modelled is what runs.
+simulator (`flux_shmem.plan.simulate`) runs exactly these functions, so what is modelled is what runs.
 
 PEs are grouped in nodes of L consecutive PEs that reach each other by load/store (NVLink); between nodes only
 NVSHMEM puts work, and only to the PE with the same local index (two-level). L = 1 makes every peer remote (the
