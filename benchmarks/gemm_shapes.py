@@ -192,13 +192,13 @@ def main(argv=None) -> int:
         print("gemm_shapes.py: no CUDA device visible", file=sys.stderr)
         return 3
     from flux_shmem.errors import FluxShmemError
-    from flux_shmem.kernels import config, tune, tune_cache
+    from flux_shmem.kernels import config, plain, tune, tune_cache
 
     t0 = time.time()
     if os.environ.get(config.ENV_FORCE):
         print(f"gemm_shapes.py: warning: {config.ENV_FORCE} is set and overrides both the heuristic and the tuned "
               "choices", file=sys.stderr)
-    os.environ.pop(config.ENV_TUNE, None)
+    os.environ.pop(plain.ENV_TUNE, None)
     if args.cache:
         os.environ[tune_cache.ENV_PATH] = args.cache
     cache_path = tune_cache.default_path()

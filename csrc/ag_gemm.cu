@@ -11,35 +11,17 @@
 // fs_abi_offsetof.
 #include "flux_shmem/gemm_ext.cuh"
 
-#if FS_GEMM_FP8
-// The fp8 build (flux_shmem/kernels/build.py, fp8=True): e4m3 A and B, bf16 D, fp32 scales.
-namespace fs {
-namespace gemm {
-using AgE4m3Nk = GemmConfig<ScaledFp8<cutlass::float_e4m3_t, cutlass::bfloat16_t>, true, AgMainloop, Identity>;
-using AgE4m3NkKernel = AgE4m3Nk::Kernel;
-}  // namespace gemm
-}  // namespace fs
-
-FS_DEFINE_GEMM_KERNEL(fs_ag_gemm_e4m3_nk, fs::gemm::AgE4m3NkKernel)
-#else
-namespace fs {
-namespace gemm {
-using AgBf16Kn = GemmConfig<cutlass::bfloat16_t, false, AgMainloop, Identity>;
-using AgBf16Nk = GemmConfig<cutlass::bfloat16_t, true, AgMainloop, Identity>;
-using AgFp16Kn = GemmConfig<cutlass::half_t, false, AgMainloop, Identity>;
-using AgFp16Nk = GemmConfig<cutlass::half_t, true, AgMainloop, Identity>;
-using AgBf16KnKernel = AgBf16Kn::Kernel;
-using AgBf16NkKernel = AgBf16Nk::Kernel;
-using AgFp16KnKernel = AgFp16Kn::Kernel;
-using AgFp16NkKernel = AgFp16Nk::Kernel;
-}  // namespace gemm
-}  // namespace fs
-
-FS_DEFINE_GEMM_KERNEL(fs_ag_gemm_bf16_kn, fs::gemm::AgBf16KnKernel)
-FS_DEFINE_GEMM_KERNEL(fs_ag_gemm_bf16_nk, fs::gemm::AgBf16NkKernel)
-FS_DEFINE_GEMM_KERNEL(fs_ag_gemm_fp16_kn, fs::gemm::AgFp16KnKernel)
-FS_DEFINE_GEMM_KERNEL(fs_ag_gemm_fp16_nk, fs::gemm::AgFp16NkKernel)
-#endif  // FS_GEMM_FP8
+// One kernel per entry of the build's type list (gemm_config.cuh FS_GEMM_BUILD_TYPES): fs::gemm::Ag_<dt>_<bl> is
+// its configuration, fs_ag_gemm_<dt>_<bl> its entry.
+#define FS_AG_KERNEL(dt, bl, Element, nk)                                                                             \
+  namespace fs {                                                                                                      \
+  namespace gemm {                                                                                                    \
+  using Ag_##dt##_##bl = GemmConfig<Element, nk, AgMainloop, Identity>;                                               \
+  using Ag_##dt##_##bl##_kernel = Ag_##dt##_##bl::Kernel;                                                             \
+  }                                                                                                                   \
+  }                                                                                                                   \
+  FS_DEFINE_GEMM_KERNEL(fs_ag_gemm_##dt##_##bl, fs::gemm::Ag_##dt##_##bl##_kernel)
+FS_GEMM_BUILD_TYPES(FS_AG_KERNEL)
 
 #if defined(FS_HOST_PASS)
 namespace fs {
@@ -110,12 +92,6 @@ int64_t ag_workspace_size(const char* kname, const FsAgGemmArgs* a) {
     return fs::gemm::host::ag_workspace_size<Cfg>("fs_ag_gemm_" #dt "_" #bl, a);                             \
   }
 
-#if FS_GEMM_FP8
-FS_AG_HOST(e4m3, nk, fs::gemm::AgE4m3Nk)
-#else
-FS_AG_HOST(bf16, kn, fs::gemm::AgBf16Kn)
-FS_AG_HOST(bf16, nk, fs::gemm::AgBf16Nk)
-FS_AG_HOST(fp16, kn, fs::gemm::AgFp16Kn)
-FS_AG_HOST(fp16, nk, fs::gemm::AgFp16Nk)
-#endif
+#define FS_AG_HOST_OF(dt, bl, Element, nk) FS_AG_HOST(dt, bl, fs::gemm::Ag_##dt##_##bl)
+FS_GEMM_BUILD_TYPES(FS_AG_HOST_OF)
 #endif  // FS_HOST_PASS

@@ -12,35 +12,17 @@
 // fs_abi_offsetof.
 #include "flux_shmem/gemm_ext.cuh"
 
-#if FS_GEMM_FP8
-// The fp8 build (flux_shmem/kernels/build.py, fp8=True): e4m3 A and B, bf16 D, fp32 scales.
-namespace fs {
-namespace gemm {
-using RsE4m3Nk = GemmConfig<ScaledFp8<cutlass::float_e4m3_t, cutlass::bfloat16_t>, true, Identity, RsEpilogue>;
-using RsE4m3NkKernel = RsE4m3Nk::Kernel;
-}  // namespace gemm
-}  // namespace fs
-
-FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_e4m3_nk, fs::gemm::RsE4m3NkKernel)
-#else
-namespace fs {
-namespace gemm {
-using RsBf16Kn = GemmConfig<cutlass::bfloat16_t, false, Identity, RsEpilogue>;
-using RsBf16Nk = GemmConfig<cutlass::bfloat16_t, true, Identity, RsEpilogue>;
-using RsFp16Kn = GemmConfig<cutlass::half_t, false, Identity, RsEpilogue>;
-using RsFp16Nk = GemmConfig<cutlass::half_t, true, Identity, RsEpilogue>;
-using RsBf16KnKernel = RsBf16Kn::Kernel;
-using RsBf16NkKernel = RsBf16Nk::Kernel;
-using RsFp16KnKernel = RsFp16Kn::Kernel;
-using RsFp16NkKernel = RsFp16Nk::Kernel;
-}  // namespace gemm
-}  // namespace fs
-
-FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_bf16_kn, fs::gemm::RsBf16KnKernel)
-FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_bf16_nk, fs::gemm::RsBf16NkKernel)
-FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_fp16_kn, fs::gemm::RsFp16KnKernel)
-FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_fp16_nk, fs::gemm::RsFp16NkKernel)
-#endif  // FS_GEMM_FP8
+// One kernel per entry of the build's type list (gemm_config.cuh FS_GEMM_BUILD_TYPES): fs::gemm::Rs_<dt>_<bl> is
+// its configuration, fs_gemm_rs_<dt>_<bl> its entry.
+#define FS_RS_KERNEL(dt, bl, Element, nk)                                                                             \
+  namespace fs {                                                                                                      \
+  namespace gemm {                                                                                                    \
+  using Rs_##dt##_##bl = GemmConfig<Element, nk, Identity, RsEpilogue>;                                               \
+  using Rs_##dt##_##bl##_kernel = Rs_##dt##_##bl::Kernel;                                                             \
+  }                                                                                                                   \
+  }                                                                                                                   \
+  FS_DEFINE_GEMM_KERNEL(fs_gemm_rs_##dt##_##bl, fs::gemm::Rs_##dt##_##bl##_kernel)
+FS_GEMM_BUILD_TYPES(FS_RS_KERNEL)
 
 #if defined(FS_HOST_PASS)
 namespace fs {
@@ -94,12 +76,6 @@ int64_t rs_workspace_size(const char* kname, const FsGemmRsArgs* a) {
     return fs::gemm::host::rs_workspace_size<Cfg>("fs_gemm_rs_" #dt "_" #bl, a);                             \
   }
 
-#if FS_GEMM_FP8
-FS_RS_HOST(e4m3, nk, fs::gemm::RsE4m3Nk)
-#else
-FS_RS_HOST(bf16, kn, fs::gemm::RsBf16Kn)
-FS_RS_HOST(bf16, nk, fs::gemm::RsBf16Nk)
-FS_RS_HOST(fp16, kn, fs::gemm::RsFp16Kn)
-FS_RS_HOST(fp16, nk, fs::gemm::RsFp16Nk)
-#endif
+#define FS_RS_HOST_OF(dt, bl, Element, nk) FS_RS_HOST(dt, bl, fs::gemm::Rs_##dt##_##bl)
+FS_GEMM_BUILD_TYPES(FS_RS_HOST_OF)
 #endif  // FS_HOST_PASS

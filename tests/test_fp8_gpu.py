@@ -81,12 +81,12 @@ def test_fp8_gemm_entry_point_matches_scaled_mm():
     """kernels.gemm.gemm on fp8 operands: the dequantized reference and, where torch has it, torch._scaled_mm
     (its scale shapes: [] / [] per-tensor, [M, 1] / [1, N] rowwise)."""
     import torch
-    from flux_shmem.kernels import gemm as kg
+    from flux_shmem.kernels import plain
     for i, (m, n, k) in enumerate(((4096, 4096, 4096), (1000, 1288, 528))):
         for rowwise in (False, True):
             a8, w8, sa, sb, bias, ref = _operands(m, n, k, rowwise, rowwise, seed=100 + 2 * i + rowwise)
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            kg.gemm(a8, w8.t(), bias, scale_a=sa, scale_b=sb, out=out)
+            plain.gemm(a8, w8.t(), bias, scale_a=sa, scale_b=sb, out=out)
             torch.cuda.synchronize()
             assert _rel(out, ref) <= REL_TOL, ((m, n, k), rowwise)
             try:

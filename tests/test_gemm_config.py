@@ -12,7 +12,7 @@ import pytest
 
 from flux_shmem.errors import BuildError, FluxShmemError
 from flux_shmem.kernels import build as kb
-from flux_shmem.kernels import config, registry, tune_cache
+from flux_shmem.kernels import config, plain, registry, tune_cache
 from flux_shmem.kernels.tune_cache import DeviceKey, Entry, TuneCacheError
 
 H200 = DeviceKey("NVIDIA H200", 132, "13.0")
@@ -20,7 +20,7 @@ H200 = DeviceKey("NVIDIA H200", 132, "13.0")
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch, tmp_path):
-    for var in (config.ENV_FORCE, config.ENV_TUNE):
+    for var in (config.ENV_FORCE, plain.ENV_TUNE):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(tune_cache.ENV_PATH, str(tmp_path / "gemm_tune.json"))
 

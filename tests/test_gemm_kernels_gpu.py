@@ -156,9 +156,9 @@ def test_ag_mainloop_with_all_chunks_arrived():
 
 def test_plain_gemm_entry_point():
     import torch
-    from flux_shmem.kernels import gemm as kg
+    from flux_shmem.kernels import plain
     a, b, bias = _operands(8192, 1280, 8192, "nk", torch.bfloat16, seed=7)
-    out = kg.gemm(a, b, bias)
+    out = plain.gemm(a, b, bias)
     assert _rel(out, a.float() @ b.float() + bias.float()) < 1e-2
-    out2 = kg.gemm(a, b, family="ag_gemm", sm_count=66)
+    out2 = plain.gemm(a, b, family="ag_gemm", sm_count=66)
     assert _rel(out2, a.float() @ b.float()) < 1e-2

@@ -194,7 +194,7 @@ def resolve_config(family: str, config: "str | registry.KernelConfig | None") ->
 
 
 def fp8_defines(fp8: bool) -> tuple[str, ...]:
-    """The fp8 build's macros (without the -D): csrc/include/flux_shmem/gemm_ext.cuh FS_GEMM_FP8, _TILE_K and
+    """The fp8 build's macros (without the -D): csrc/include/flux_shmem/gemm_config.cuh FS_GEMM_FP8, _TILE_K and
     _FP8_FAST_ACCUM."""
     if not fp8:
         return ()

@@ -7,8 +7,8 @@ Three sources, in this order:
   * forced: `FLUX_SHMEM_GEMM_CONFIG="config=128x128_c2x1_pp,swizzle=1,split=1"` (any subset of the keys; a bare
     name means config=NAME) overrides what it names, for experiments;
   * tuned: the tuning cache (flux_shmem/kernels/tune_cache.py, written by `python -m flux_shmem.tune` or, with
-    FLUX_SHMEM_TUNE=1, by the first call of a shape) holds the measured best for this GPU, SM count, CUDA
-    version, dtype, layout and shape;
+    FLUX_SHMEM_TUNE=1, by the first plain GEMM of a shape, kernels/plain.py) holds the measured best for this GPU,
+    SM count, CUDA version, dtype, layout and shape;
   * heuristic: a model of the persistent kernel's waves (below), from the tile counts and the SM count only, so a
     new GPU or an SM budget (MPS, green contexts, SMs left to communication) needs no table.
 
@@ -40,7 +40,6 @@ import dataclasses
 import functools
 import math
 import os
-import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import FluxShmemError
@@ -48,7 +47,6 @@ from . import registry
 from .registry import KernelConfig
 
 ENV_FORCE = "FLUX_SHMEM_GEMM_CONFIG"
-ENV_TUNE = "FLUX_SHMEM_TUNE"
 SWIZZLES = (1, 2, 4, 8)
 DEFAULT_SWIZZLE = 8
 DTYPES = ("bf16", "fp16", "e4m3")  # operand dtypes; e4m3 GEMMs output bf16
@@ -502,28 +500,8 @@ def _tuned(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, allowed:
     except tune_cache.TuneCacheError as e:
         tune_cache.warn_once(str(e))
         return None
-    if entry is None and os.environ.get(ENV_TUNE, "") == "1":
-        entry = _tune_now(m, n, k, dt, layout, sm_count, device)
     if entry is None or entry.config not in allowed:
         return None
     return Choice(entry.config, entry.swizzle, entry.split, "tuned",
                   f"measured {entry.ms * 1e3:.0f} us on {device.gpu} ({entry.candidates} candidates, "
                   f"{entry.measured})", round(entry.ms * 1e3, 1), entry.chunks)
-
-
-def _tune_now(m: int, n: int, k: int, dt: str, layout: str, sm_count: int, device):
-    """FLUX_SHMEM_TUNE=1: measure this shape now (not inside a CUDA-graph capture), record it, return the entry."""
-    try:
-        import torch
-        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
-            return None
-    except ImportError:
-        return None
-    from . import tune
-    print(f"flux_shmem: tuning GEMM {m}x{n}x{k} {dt} {layout} on {sm_count} SMs ({ENV_TUNE}=1)", file=sys.stderr,
-          flush=True)
-    try:
-        return tune.tune_shape(m, n, k, dt, layout, sm_count, device=device).entry
-    except FluxShmemError as e:  # reported, then the heuristic decides; never a silent wrong kernel
-        print(f"flux_shmem: tuning {m}x{n}x{k} failed, using the heuristic: {e}", file=sys.stderr, flush=True)
-        return None

@@ -74,7 +74,7 @@ ABI_STRUCTS = {"FsCtx": FsCtx, "FsLaunch": FsLaunch, "FsAgGemmArgs": FsAgGemmArg
 ARGS_TYPE = {"ag_gemm": FsAgGemmArgs, "gemm_rs": FsGemmRsArgs}
 GemmArgs = Union[FsAgGemmArgs, FsGemmRsArgs]
 
-# Return codes of the `_params` functions (gemm_ext.cuh, fs::gemm::host).
+# Return codes of the `_params` functions (gemm_host.cuh, fs::gemm::host).
 PARAMS_ERRORS = {1: "invalid argument", 2: "misaligned operand", 3: "parameter buffer too small",
                  4: "CUTLASS cannot implement", 5: "workspace needed", 6: "TMA descriptor"}
 
@@ -433,51 +433,3 @@ def fp8_scales(a, b, scale_a, scale_b, *, out_dtype=None, bias=None):
             raise FluxShmemError(f"gemm: {name} must be contiguous: pass {name}.contiguous()")
         out.append(s.reshape(-1))  # a view: the caller's tensor holds the memory the kernel reads
     return out[0], out[1], kind
-
-
-def gemm(a, b, bias=None, *, out=None, family: str = "gemm_rs", choice: Optional[kconfig.Choice] = None,
-         sm_count: Optional[int] = None, stream=None, scale_a=None, scale_b=None, out_dtype=None):
-    """out[m, n] = a[m, k] @ b[k, n] (+ bias[n]) with our CUTLASS kernel: the plain GEMM of `family` (no
-    communication). b is row-major [k, n] or the transpose of a row-major [n, k] weight (w.t()). The configuration
-    is `choice`, else config.choose() for this shape on `sm_count` SMs (default: all of the device's). Returns out.
-
-    fp8: a and b float8_e4m3fn (b the transpose of a row-major [n, k] weight), fp32 `scale_a` and `scale_b`
-    (per-tensor or rowwise, `fp8_scales`), out = scale_a * scale_b * (a @ b) + bias in `out_dtype` (bfloat16)."""
-    import torch
-    fp8 = a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) or b.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    scales = (None, None, 0)
-    if fp8:
-        scales = fp8_scales(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
-    elif scale_a is not None or scale_b is not None:
-        raise FluxShmemError(f"gemm: scale_a/scale_b are for float8_e4m3fn operands; a is {a.dtype}: drop them, or "
-                             "quantize a and b to float8_e4m3fn")
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise FluxShmemError(f"gemm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
-    if b.is_contiguous() and not fp8:
-        layout = "kn"
-    elif b.t().is_contiguous():
-        layout = "nk"
-    else:
-        raise FluxShmemError("gemm: b must be row-major [K, N] or the transpose of a row-major [N, K] tensor")
-    if not a.is_contiguous():
-        raise FluxShmemError("gemm: a must be row-major (a.contiguous())")
-    m, k = a.shape
-    n = b.shape[1]
-    dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    if sm_count is None:
-        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-    if choice is None:
-        choice = kconfig.choose(m, n, k, a.dtype, layout, sm_count)
-    out_dt = torch.bfloat16 if fp8 else a.dtype
-    if out is None:
-        out = torch.empty((m, n), dtype=out_dt, device=a.device)
-    elif out.dtype != out_dt or tuple(out.shape) != (m, n) or not out.is_contiguous():
-        raise FluxShmemError(f"gemm: out must be a contiguous [{m}, {n}] {out_dt} tensor, got {tuple(out.shape)} "
-                             f"{out.dtype}")
-    sa, sb, kind = scales
-    g = CutlassGemm.get(family, a.dtype, layout, choice.config)
-    g.launch(plain_args(family, a.data_ptr(), b.data_ptr(), out.data_ptr(),
-                        bias.data_ptr() if bias is not None else 0, m, n, k, sm_count=sm_count, device_id=dev,
-                        choice=choice, scale_a=sa.data_ptr() if fp8 else 0, scale_b=sb.data_ptr() if fp8 else 0,
-                        scale_kind=kind), stream=stream)
-    return out

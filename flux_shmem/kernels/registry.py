@@ -1,7 +1,7 @@
 """The CUTLASS GEMM kernel configurations that exist: tile, cluster and schedule, one named entry each.
 
 Every GEMM family (csrc/ag_gemm.cu, csrc/gemm_rs.cu) is built once per configuration it is used with: the entry's
-`defines` become nvcc -D flags (FS_GEMM_* in csrc/include/flux_shmem/gemm_ext.cuh) and part of the build's cache key
+`defines` become nvcc -D flags (FS_GEMM_* in csrc/include/flux_shmem/gemm_config.cuh) and part of the build's cache key
 (flux_shmem/kernels/build.py), and the build is made on first use or ahead of time
 (`python -m flux_shmem.build --config all`). Which configuration runs a given problem is decided at run time, per
 (M, N, K, dtype, layout, SM count), by flux_shmem/kernels/config.py; swizzle and K splits are run-time arguments of

@@ -13,7 +13,7 @@ from ..errors import FluxShmemError
 from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
 from ..kernels import registry, tune_cache
-from ..runtime import pacing, partition, symmetric
+from ..runtime import pacing, partition, stall, symmetric
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
 from ..plan import costs
@@ -236,3 +236,30 @@ class FusedGEMM:
         except FluxShmemError as e:  # it names the fix; say which op
             raise ValueError(f"{what}: {e}") from None
         return sa.data_ptr(), sb.data_ptr(), kind
+
+    # ---------------------------------------------------------------------------------------------------------
+    def _plain(self, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias, m: int,
+               sm_count: int, choice: kconfig.Choice, scales: tuple[int, int, int]) -> None:
+        """Our plain GEMM of this family into `out` (the family's kernel, no waits, no marks)."""
+        raise NotImplementedError
+
+    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  sm_count: Optional[int] = None, scale_a: torch.Tensor | None = None,
+                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
+        """The same GEMM (our CUTLASS kernel, whatever a call's plan would run) on an already gathered a [m, k]
+        with no communication, into a fresh [m, n] tensor, on the whole SM budget (or `sm_count` CTAs, e.g. a
+        fused call's gemm_sms), with the configuration the chooser picks for that many SMs: the honest twin."""
+        what = f"{type(self).__name__}.gemm_only"
+        layout = self.check_operands(a, b, bias, what)
+        scales = self.check_scales(a, b, scale_a, scale_b, what)
+        m = a.shape[0]
+        if not 0 < m <= self.max_m:
+            raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
+        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a.device)
+        sms = sm_count or self.sms
+        choice = self.gemm_choice(m, layout, sms)
+        trace = stall.begin(what)
+        self._plain(layout, a, b, out, bias, m, sms, choice, scales)
+        if trace is not None:
+            trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
+        return out

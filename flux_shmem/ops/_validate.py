@@ -13,7 +13,7 @@ def check_dtype(name: str, dtype: torch.dtype, allowed=SUPPORTED_DTYPES) -> None
                         "cast to torch.float8_e4m3fn with a scale for its range")
     if dtype in FP8_DTYPES and dtype not in allowed:
         raise NotImplementedError(f"{name}: fp8 ({dtype}) is not supported by this op; AllGatherGEMM and "
-                                  "GEMMReduceScatter take float8_e4m3fn with scales, flux_shmem.kernels.gemm.gemm(a, "
+                                  "GEMMReduceScatter take float8_e4m3fn with scales, flux_shmem.kernels.plain.gemm(a, "
                                   "b, scale_a=..., scale_b=...) is a plain fp8 GEMM; or pass bfloat16 operands here")
     if dtype not in allowed:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use one of "

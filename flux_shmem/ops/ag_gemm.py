@@ -180,23 +180,7 @@ class AllGatherGEMM(FusedGEMM):
             return out, ag.gather[:m].clone()
         return out
 
-    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  sm_count: Optional[int] = None, scale_a: torch.Tensor | None = None,
-                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
-        """The same GEMM on an already gathered a [m, k], no communication, on the whole SM budget (or
-        `sm_count` CTAs, e.g. a fused call's gemm_sms), with the configuration the chooser picks for that many
-        SMs: the honest baseline."""
-        layout = self.check_operands(a, b, bias, "AllGatherGEMM.gemm_only")
-        scales = self.check_scales(a, b, scale_a, scale_b, "AllGatherGEMM.gemm_only")
-        m = a.shape[0]
-        if not 0 < m <= self.max_m:
-            raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
-        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a.device)
-        sms = sm_count or self.sms
-        choice = self.gemm_choice(m, layout, sms)
-        trace = stall.begin("AllGatherGEMM.gemm_only")
-        self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sms, order=None,
+    def _plain(self, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias, m: int,
+               sm_count: int, choice, scales: tuple[int, int, int]) -> None:
+        self._gemm(layout, a.data_ptr(), b, out, bias, m, wait=False, sm_count=sm_count, order=None,
                    swizzle=choice.swizzle, choice=choice, scales=scales)
-        if trace is not None:
-            trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
-        return out

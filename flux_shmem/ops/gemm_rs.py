@@ -169,22 +169,7 @@ class GEMMReduceScatter(FusedGEMM):
         self.engine.sync.bump(main)  # the marks this GEMM set belong to a finished epoch
         return self.engine.partial[:m]
 
-    def gemm_only(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  sm_count: Optional[int] = None, scale_a: torch.Tensor | None = None,
-                  scale_b: torch.Tensor | None = None) -> torch.Tensor:
-        """The same GEMM, no communication, into a fresh [m, n] tensor, on the whole SM budget (or `sm_count`
-        CTAs): the honest baseline."""
-        layout = self.check_operands(a, b, bias, "GEMMReduceScatter.gemm_only")
-        scales = self.check_scales(a, b, scale_a, scale_b, "GEMMReduceScatter.gemm_only")
-        m = a.shape[0]
-        if not 0 < m <= self.max_m:
-            raise ValueError(f"a has {m} rows; this op takes M up to {self.max_m}")
-        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a.device)
-        sms = sm_count or self.sms
-        choice = self.gemm_choice(m, layout, sms)
-        trace = stall.begin("GEMMReduceScatter.gemm_only")
-        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, sm_count=sms, order=None,
+    def _plain(self, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias, m: int,
+               sm_count: int, choice, scales: tuple[int, int, int]) -> None:
+        self._gemm(layout, a, b, out.data_ptr(), bias, m, counters=False, sm_count=sm_count, order=None,
                    swizzle=choice.swizzle, choice=choice, scales=scales)
-        if trace is not None:
-            trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
-        return out

@@ -261,7 +261,7 @@ def rs_units(ms: int, unit_rows: int, tile_m: int, n: int, tile_n: Optional[int]
 
 def gemm_items(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int) -> list[tuple[int, int]]:
     """The persistent GEMM's work items in the order its scheduler hands them out, as (cluster row, N-tile): item w
-    is in group w // (S * tiles_n) of S cluster rows, walked along N, rows fastest (csrc gemm_ext.cuh
+    is in group w // (S * tiles_n) of S cluster rows, walked along N, rows fastest (csrc gemm_scheduler.cuh
     OrderedTileScheduler; cluster c of C takes items c, c + C, ..., so items complete about in this order)."""
     if min(tiles_m, tiles_n, cluster_m) < 1:
         raise ValueError(f"bad GEMM geometry: tiles {tiles_m}x{tiles_n}, cluster_m={cluster_m}")

@@ -34,7 +34,7 @@ from .costs import PLAIN_SWIZZLE, Gemm, Links, swizzle_cost
 # ------------------------------------------------------------------------------------------------------------
 def gemm_work(tiles_m: int, tiles_n: int, cluster_m: int, swizzle: int, sm_count: int) -> list[list[tuple[int, int]]]:
     """Per cluster of the launched grid, its work tiles in order as (row, n_tile): the cluster's CTAs take M-tile
-    order entries row * cluster_m + i. The mapping of csrc gemm_ext.cuh OrderedTileScheduler: cluster c of C
+    order entries row * cluster_m + i. The mapping of csrc gemm_scheduler.cuh OrderedTileScheduler: cluster c of C
     takes items c, c + C, ... of `schedules.gemm_items`."""
     if min(tiles_m, tiles_n, cluster_m, sm_count) < 1:
         raise ValueError(f"bad GEMM geometry: tiles {tiles_m}x{tiles_n}, cluster_m={cluster_m}, sm_count={sm_count}")

@@ -1328,13 +1328,13 @@ def persistent_grid_slack(rt):
     g = torch.Generator(device="cuda").manual_seed(23 + rt.rank)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    from flux_shmem.kernels import config as kconfig, gemm as kgemm
+    from flux_shmem.kernels import config as kconfig, plain
 
     def forced(cfg: str, sms: int):
         c = kconfig.choose(m, n, k, torch.bfloat16, "nk", sms)
         c = kconfig.Choice(cfg, c.swizzle if cfg == c.config else 1, 1, "forced", "persistent_grid_slack")
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return lambda: kgemm.gemm(a, w.t(), out=out, choice=c, sm_count=sms)
+        return lambda: plain.gemm(a, w.t(), out=out, choice=c, sm_count=sms)
 
     S = op.sms
     # (name, fn, extra GPU lead of PE r in us: r * stagger)

@@ -1,4 +1,4 @@
-// Work units of one persistent GEMM launch: pure index arithmetic used by the tile scheduler (gemm_ext.cuh) and
+// Work units of one persistent GEMM launch: pure index arithmetic used by the tile scheduler (gemm_scheduler.cuh) and
 // tested on the CPU (tests/test_gemm_schedule.py compiles this header with g++).
 //
 // Output tiles are grouped into clusters (cluster_m x cluster_n CTA tiles, the tile counts padded to whole

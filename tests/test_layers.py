@@ -1,0 +1,87 @@
+"""Issue 39: the package's modules import downward only (errors <- kernels <- runtime <- plan <- ops <- nn), no
+module imports itself back through others (function-level imports count too), no Python file under flux_shmem/
+is over ~600 lines and no header under csrc/ over ~500."""
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "flux_shmem"
+LAYERS = ("errors", "kernels", "runtime", "plan", "ops", "nn")  # lowest first; others (launch, build, tune: CLIs)
+#                                                                  sit on top
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG).with_suffix("").parts
+        out[".".join(("flux_shmem",) + parts).removesuffix(".__init__")] = p
+    return out
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere in it)."""
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    for name, path in mods.items():
+        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for t in [base] + [f"{base}.{a.name}" for a in node.names]:
+                    if t in mods and t != name:
+                        edges[name].add(t)
+            elif isinstance(node, ast.Import):
+                edges[name].update(a.name for a in node.names if a.name in mods and a.name != name)
+    return edges
+
+
+def layer(name: str) -> int | None:
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_imports_go_downward():
+    mods = modules()
+    bad = []
+    for src, targets in imports(mods).items():
+        ls = layer(src)
+        for t in targets:
+            lt = layer(t)
+            if ls is not None and (lt is None or lt > ls):
+                bad.append(f"{src} imports {t}")
+    assert not bad, bad
+    assert len(mods) > 40
+
+
+def test_no_import_cycle():
+    mods = modules()
+    edges = imports(mods)
+    packages = {n for n, p in mods.items() if p.name == "__init__.py"}  # re-exporting package inits aside
+    state: dict[str, int] = {}
+    found = []
+
+    def visit(u: str, path: list[str]) -> None:
+        state[u] = 1
+        for v in sorted(edges[u] - packages):
+            if state.get(v) == 1:
+                found.append(path[path.index(v):] + [v] if v in path else [u, v])
+            elif v not in state:
+                visit(v, path + [v])
+        state[u] = 2
+
+    for m in sorted(set(mods) - packages):
+        if m not in state:
+            visit(m, [m])
+    assert not found, [" -> ".join(c) for c in found]
+
+
+def test_file_sizes():
+    py = {p: len(p.read_text().splitlines()) for p in PKG.rglob("*.py")}
+    headers = {p: len(p.read_text().splitlines()) for p in (ROOT / "csrc" / "include").rglob("*.cuh")}
+    assert max(py.values()) <= 620, sorted(((n, str(p)) for p, n in py.items()), reverse=True)[:3]
+    assert max(headers.values()) <= 500, sorted(((n, str(p)) for p, n in headers.items()), reverse=True)[:3]
