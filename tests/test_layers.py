@@ -1,6 +1,6 @@
-"""Issue 39: the package's modules import downward only (errors <- kernels <- runtime <- plan <- ops <- nn), no
-module imports itself back through others (function-level imports count too), no Python file under flux_shmem/
-is over ~600 lines and no header under csrc/ over ~500."""
+"""Issue 39: no module of the package imports itself back through others (function-level imports count too; that
+layers go downward, errors <- kernels <- runtime <- plan <- ops <- nn, is tests/test_bootstrap_select.py's), no
+Python file under flux_shmem/ is over ~600 lines and no header under csrc/ over ~500."""
 from __future__ import annotations
 
 import ast
@@ -9,10 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "flux_shmem"
-LAYERS = ("errors", "kernels", "runtime", "plan", "ops", "nn")  # lowest first; others (launch, build, tune: CLIs)
-#                                                                  sit on top
-
-
 def modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
@@ -40,24 +36,6 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
     return edges
 
 
-def layer(name: str) -> int | None:
-    parts = name.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
-
-
-def test_imports_go_downward():
-    mods = modules()
-    bad = []
-    for src, targets in imports(mods).items():
-        ls = layer(src)
-        for t in targets:
-            lt = layer(t)
-            if ls is not None and (lt is None or lt > ls):
-                bad.append(f"{src} imports {t}")
-    assert not bad, bad
-    assert len(mods) > 40
-
-
 def test_no_import_cycle():
     mods = modules()
     edges = imports(mods)
@@ -78,6 +56,7 @@ def test_no_import_cycle():
         if m not in state:
             visit(m, [m])
     assert not found, [" -> ".join(c) for c in found]
+    assert len(mods) > 40
 
 
 def test_file_sizes():

@@ -21,9 +21,11 @@ class Host:
     def __init__(self, rank=0, size=2, others=None):
         self.rank, self.size, self.others, self.gathered = rank, size, others, []
 
-    def allgather(self, obj):
-        self.gathered.append(obj)
-        return [obj] + [obj if self.others is None else self.others(obj)] * (self.size - 1)
+    def allgather(self, obj):  # (collective.exchange sends (status, value))
+        status, value = obj
+        self.gathered.append(value)
+        theirs = value if self.others is None else self.others(value)
+        return [obj] + [(status, theirs)] * (self.size - 1)
 
     def barrier(self):
         pass

@@ -124,7 +124,7 @@ def test_rs_orders_last_waves_and_reduced_geometry():
 def fast_split(inp: plan_inputs.PlanInputs, m: int) -> tuple[str, search.Split, str]:
     """(path, split at this M, fused configuration) of the fast planner, whatever the path."""
     cfg = inp.choice(m, "nk", inp.sms, True).config
-    bp = call.bucket_plan(inp, call.bucket_for(inp, m, cfg), cfg)
+    bp = call.bucket_plan(inp, call.bucket_for(inp, m, cfg), cfg, "nk")
     sp, reg = bp.split, registry.get(cfg)
     if inp.family == "ag_gemm":
         return bp.path, dataclasses.replace(sp, swizzle=kconfig.swizzle_for(reg, m, inp.chunk_rows, inp.n)[0]), cfg
@@ -132,7 +132,7 @@ def fast_split(inp: plan_inputs.PlanInputs, m: int) -> tuple[str, search.Split, 
 
 
 def simulate_split(inp: plan_inputs.PlanInputs, m: int, sp: search.Split, cfg: str) -> S.Result:
-    g = plan_inputs.gemm_model(inp.k, cfg)
+    g = plan_inputs.gemm_model(inp.k, cfg, n=inp.n)
     if inp.family == "ag_gemm":
         return S.simulate_ag_gemm(world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, gemm=g,
                                   gemm_sms=sp.gemm_sms, all_sms=inp.sms, comm_blocks=sp.comm_blocks,
@@ -157,7 +157,7 @@ def test_rs_estimates_follow_the_simulator_split_by_split():
         inp = inputs("gemm_rs", world, node_size, 8192, 3584, 32768)
         for m in (1024 // world * world, 4096 // world * world):
             cfg = inp.choice(m, "nk", inp.sms, True).config
-            reg, g = registry.get(cfg), plan_inputs.gemm_model(inp.k, cfg)
+            reg, g = registry.get(cfg), plan_inputs.gemm_model(inp.k, cfg, n=inp.n)
             tiles_m, tiles_n = -(-m // reg.tile_m), -(-inp.n // reg.tile_n)
             geo = fast_rs.reduced_geometry(world, node_size, m, inp.n, inp.elem_bytes, inp.unit_rows, g, inp.budget_sms)
             for _ in range(4):
@@ -195,8 +195,12 @@ def test_fast_plan_is_near_the_simulators_best(family, n, k, world, node_size, m
     assert fused <= best.fused_us * (1.10 if family == "gemm_rs" else 1.05), (sp, fused, full.describe())
     # (the fast search looks at a few more tails than the simulator's: its split may beat the simulator's best)
     best_fused = min(best.fused_us, fused)
-    sim_path = "fused" if best_fused < best.decomposed_us else "decomposed"
-    assert path == sim_path or abs(best_fused / best.decomposed_us - 1) < 0.05, (path, fused, full.describe())
+    # mode auto's rule (call.auto_path: host floors, the margin fusing must win by) on the simulator's numbers
+    sim = dataclasses.replace(best, fused_us=best_fused)
+    sim_path, _ = call.auto_path(sim, inp.backend(m, "nk"))
+    f_us, d_us = max(best_fused, call.HOST_US["fused"]), max(best.decomposed_us, call.HOST_US["decomposed"])
+    assert path == sim_path or abs(f_us / (d_us * (1 - call.AUTO_MARGIN)) - 1) < 0.05, (path, fused,
+                                                                                        full.describe())
     assert call.plan_call(inp, m, "nk", 0).path == path
 
 
@@ -253,29 +257,22 @@ def first_call_ms(inp: plan_inputs.PlanInputs, m: int, tries: int = 3) -> float:
     return best * 1e3
 
 
-RETRY_S = 15.0  # the first-call test's time for measuring again, per op family
+TRIES = 7  # planning of each point measured this many times, its best kept: a fixed count, never "until it passes"
 
 
 @pytest.mark.parametrize("family,n,k", [("ag_gemm", 3584, 8192), ("ag_gemm", 1280, 8192), ("gemm_rs", 8192, 3584)])
 def test_first_call_with_a_new_m_plans_within_5_ms(family, n, k):
     """W = 8 (one node), 16 (2 x 8) and 64 (8 x 8), M from 8 to 65536: a first call's planning, decisions of a new
-    bucket included, takes at most 5 ms of host time.
-
-    (This 2-core VM's speed drifts with its neighbours: the same GEMM+RS plan took 2.6 ms and, minutes later, 4.0-
-    5.3 ms for a stretch of 90 s, a fixed numpy workload alongside 0.94 -> 1.29 ms. A point over the limit is
-    measured again, for up to RETRY_S seconds in all, and keeps its best: the limit itself stays.)"""
+    bucket included, takes at most 5 ms of the planning thread's CPU time (the best of TRIES: this 2-core VM's
+    speed drifts with its neighbours, the same GEMM+RS plan 2.6 ms and, minutes later, 4.0-5.3 ms)."""
     ms = {}
-    deadline = time.monotonic() + RETRY_S
     for world, node_size in ((8, 8), (16, 8), (64, 8)):
         inp = inputs(family, world, node_size, n, k, 65536)
         call.plan_call(inp, 4096, "nk", 0)  # (the process's first numpy calls)
         for m in (8, 64, 512, 2048, 4096, 8192, 32768, 65536):
             m = max(world, m // world * world)
-            ms[(world, m)] = first_call_ms(inp, m)
-            while ms[(world, m)] > 5.0 and time.monotonic() < deadline:
-                time.sleep(0.3)
-                ms[(world, m)] = min(ms[(world, m)], first_call_ms(inp, m, tries=5))
-    assert max(ms.values()) <= 5.0, {k: round(v, 2) for k, v in ms.items()}
+            ms[(world, m)] = first_call_ms(inp, m, tries=TRIES)
+    assert len(ms) == 23 and max(ms.values()) <= 5.0, {k: round(v, 2) for k, v in ms.items()}  # (M 8 -> 64 at W 64)
 
 
 def test_a_thousand_distinct_m_plan_within_2_s():
@@ -286,10 +283,10 @@ def test_a_thousand_distinct_m_plan_within_2_s():
     for family, n, k in (("ag_gemm", 1280, 8192), ("gemm_rs", 8192, 3584)):
         inp = inputs(family, 16, 8, n, k, 65536)
         fresh()
-        t = time.perf_counter()
+        t = time.thread_time()  # (CPU time: see first_call_ms)
         for m in ms:
             call.plan_call(inp, m, "nk", 5)
-        assert time.perf_counter() - t < 2.0, family
+        assert time.thread_time() - t < 2.0, family
 
 
 def test_planning_caches_are_bounded():
@@ -299,40 +296,105 @@ def test_planning_caches_are_bounded():
 
 # ------------------------------------------------------------------------------------------------------------
 # The op's plan cache
-class _Op(F.FusedGEMM):
-    """A FusedGEMM with only what call_plan and prepare use (no GPU): its PlanInputs, a runtime stub."""
+class _OnePE:
+    """Host collectives of a job of one PE."""
+    rank, size, name = 0, 1, "test"
 
-    def __init__(self, inp: plan_inputs.PlanInputs, capacity: int):
+    def barrier_within(self, timeout_s):
+        return True
+
+    def allgather(self, obj):
+        return [obj]
+
+
+class _Op(F.FusedGEMM):
+    """A FusedGEMM with only what its plans and prepare use (no GPU): its PlanInputs, a runtime stub of PE `rank`
+    (of a job of one, for the host collectives), calls that plan as a call does and launch nothing."""
+
+    def __init__(self, inp: plan_inputs.PlanInputs, capacity: int, rank: int = 0):
         self.inputs, self.family, self.max_m = inp, inp.family, 65536
         self.layouts = ("kn", "nk")
-        self.rt = type("Rt", (), {"rank": 0, "world_size": inp.world, "device": 0})()
+        self.rt = type("Rt", (), {"rank": rank, "world_size": inp.world, "device": 0, "host": _OnePE(),
+                                  "timeout_s": 5.0})()
         self.budget = type("Budget", (), {"source": "test"})()
         self._plans = cache.PlanCache(capacity)
+        self.check_plans, self._checked = False, set()
 
     def _upload(self, order):
         return torch.tensor(order, dtype=torch.int32)
 
+    def _warm_cublas(self):
+        pass
+
+    def __call__(self, m: int, layout: str = "nk"):
+        return self.plan_for_call(m, layout)
+
 
 def test_plan_cache_is_bounded_and_prepared_plans_stay():
-    """An op keeps its `capacity` most recently used plans and every plan prepare() made; the GPU checks' use
-    (clear, then force a plan under its key) still works."""
+    """An op's calls keep its `capacity` most recently used plans, and every plan prepare() made stays; the GPU
+    checks' use (clear, then force a plan under its key) still works."""
     op = _Op(inputs("gemm_rs", 8, 8, 8192, 3584, 65536), capacity=4)
     op.prepare([64, 128])
     for m in range(192, 192 + 8 * 20, 8):
-        op.call_plan(m)
+        op(m)
     assert len(op._plans) == 4 + 2
     assert (64, "nk") in op._plans and (128, "nk") in op._plans and (192, "nk") not in op._plans
-    assert op.call_plan(64) is op._plans[(64, "nk")]          # a hit: the same plan object
-    recent = op.call_plan(192 + 8 * 19)
-    op.call_plan(8)
-    assert op.call_plan(192 + 8 * 19) is recent              # most recently used: kept
-    plan = op.call_plan(4096)
+    assert op(64) is op._plans[(64, "nk")]                   # a hit: the same plan object
+    recent = op(192 + 8 * 19)
+    op(8)
+    assert op(192 + 8 * 19) is recent                        # most recently used: kept
+    plan = op(4096)
     op._plans.clear()
     forced = dataclasses.replace(op.call_plan(4096), swizzle=1, tail=0, tail_blocks=0)
     op._plans[(4096, "nk")] = forced
-    assert op.call_plan(4096) is forced and plan.order.dtype == torch.int32
+    assert op(4096) is forced and plan.order.dtype == torch.int32
     with pytest.raises(ValueError, match="multiple of the world size"):
         op.prepare([12])
+
+
+def test_plan_caches_stay_alike_on_every_pe(monkeypatch):
+    """Issue 37's case: repr(op) or op.path(m) on PE 0 alone (queries plan max_m) once evicted another M on PE 0
+    only, and a capture then raised on PE 0 while PE 1 captured a collective that spun until the device timeout.
+    Queries change no cache now, calls and prepare change every PE's alike, and a capture-time miss raises on every
+    PE, naming prepare()."""
+    inp = inputs("gemm_rs", 2, 2, 8192, 3584, 65536)
+    pes = [_Op(inp, capacity=3, rank=r) for r in range(2)]
+    for op in pes:
+        op.prepare([256])
+    for m in (64, 128, 512):
+        for op in pes:
+            op(m)
+    pes[0].call_plan(65536)                 # repr's plan of max_m, on PE 0 only
+    pes[0].path(1024)
+    for m in (64, 2048):
+        for op in pes:
+            op(m)
+    assert pes[0]._plans.state() == pes[1]._plans.state()
+    assert pes[0]._plans.state() == (((512, "nk"), (64, "nk"), (2048, "nk")), ((256, "nk"),))
+    monkeypatch.setattr(F, "capturing", lambda: True)  # a CUDA-graph capture, on both PEs
+    for op in pes:
+        assert op(256) is op._plans[(256, "nk")]     # prepared: found
+        op(2048)                                     # cached: found and pinned for the graph
+        with pytest.raises(RuntimeError, match=r"M = 128 .*has no plan inside this CUDA-graph capture.*prepare\(\[128\]"):
+            op(128)                                  # evicted on every PE alike: raises on every PE
+    assert pes[0]._plans.state() == pes[1]._plans.state()
+
+
+def test_check_plans_compares_digests(monkeypatch):
+    """FLUX_SHMEM_CHECK_PLANS=1: a plan's first call exchanges its digest; a PE whose plan differs is named."""
+    op = _Op(inputs("gemm_rs", 2, 2, 8192, 3584, 65536), capacity=8)
+    op.check_plans = True
+    seen = []
+    monkeypatch.setattr(op, "_exchange", lambda what, v: seen.append(v) or [v, v])
+    op(512)
+    op(512)
+    assert len(seen) == 1 and seen[0] == F.plan_digest(op.call_plan(512))
+    monkeypatch.setattr(op, "_exchange", lambda what, v: [v, v[:1] + ("other",) + v[2:]])
+    with pytest.raises(RuntimeError, match=r"PEs planned M = 1024 \(nk\) differently: PE\(s\) \[1\]"):
+        op(1024)
+    monkeypatch.setenv(F.CHECK_PLANS_ENV, "yes")
+    with pytest.raises(ValueError, match="FLUX_SHMEM_CHECK_PLANS must be 0 or 1"):
+        F.check_plans_enabled()
 
 
 def test_plan_cache_size_from_the_environment(monkeypatch):

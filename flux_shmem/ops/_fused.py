@@ -10,14 +10,15 @@ from typing import Optional
 import torch
 
 from ..errors import FluxShmemError
+from ..kernels import backends
 from ..kernels import config as kconfig
 from ..kernels import gemm as kgemm
 from ..kernels import registry, tune_cache
-from ..runtime import pacing, partition, stall, symmetric
+from ..runtime import collective, pacing, partition, stall, symmetric
 from ..runtime.state import get_runtime
 from ..runtime.sm_budget import sm_budget
 from ..plan import costs
-from ..plan.cache import PlanCache, plan_cache_capacity
+from ..plan.cache import PLAN_CACHE_ENV, PlanCache, plan_cache_capacity
 from ..plan.call import CallPlan, plan_call
 from ..plan.inputs import MODES, PlanInputs
 from ._validate import SUPPORTED_DTYPES, check_dtype, check_tensor, not_capturing, positive
@@ -38,6 +39,24 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+CHECK_PLANS_ENV = "FLUX_SHMEM_CHECK_PLANS"
+
+
+def check_plans_enabled() -> bool:
+    """$FLUX_SHMEM_CHECK_PLANS=1: every PE compares a digest of each new call plan at its first call."""
+    v = os.environ.get(CHECK_PLANS_ENV, "0").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"{CHECK_PLANS_ENV} must be 0 or 1, got {v!r}")
+    return v == "1"
+
+
+def plan_digest(plan: CallPlan) -> tuple:
+    """What every PE's plan of one call must share (all but the PE's own tile order and the prediction)."""
+    b = plan.backend.name if plan.backend is not None else None
+    return (plan.path, plan.engine, plan.comm_blocks, plan.gemm_sms, plan.swizzle, plan.tail, plan.tail_blocks,
+            plan.group_tiles, plan.gemm, b)
+
+
 def start_event_enabled() -> bool:
     """Whether fused calls hold their second kernel until every block of the first runs ($FLUX_SHMEM_START_EVENT,
     default 1)."""
@@ -49,7 +68,11 @@ def start_event_enabled() -> bool:
 
 class FusedGEMM:
     """Base of the fused ops: validated dimensions, one CUTLASS kernel per B layout, the SM budget of this context
-    (MPS share, green context) split between the GEMM and the communication kernel, and per-M call plans."""
+    (MPS share, green context) split between the GEMM and the communication kernel, and per-M call plans.
+
+    `__init__` does only what is local to this PE (checks, environment, kernel loads, the SM budget); a family
+    calls it inside `collective.all_or_none`, so an error on one PE reaches every PE, then does the collective
+    part (`share_choices`, buffers, `agree_inputs`)."""
 
     family = ""
     DTYPES: tuple = SUPPORTED_DTYPES  # operand dtypes the op takes
@@ -86,20 +109,6 @@ class FusedGEMM:
         self.configs = tuple(c for c in runnable
                              if (registry.get(c).tile_m, registry.get(c).cluster_m) == (self.tile_m, self.cluster_m)
                              and not registry.get(c).pingpong)
-        # Every kernel a call may launch is loaded now, while no kernel of this op spins: a first launch that
-        # loads lazily can wait for the running kernels (kernels/module.py load_into_context). Build or load
-        # errors surface here too.
-        for c in runnable:
-            for layout in self.layouts:
-                kgemm.CutlassGemm.get(self.family, dtype, layout, c)
-        self.budget = sm_budget(rt.device)
-        self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
-        if self.sms < self.cluster_m:
-            raise ValueError(f"{name}: this context may use {self.budget.sms} SM(s) ({self.budget.source}), fewer "
-                             f"than one {self.cluster_m}-CTA cluster: raise CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-        # The comm stream has the highest priority, so that its blocks are scheduled ahead of the GEMM's when
-        # both wait for SMs; the split below keeps both inside the budget.
-        self.comm_stream = partition.side_stream(rt.device, priority=min(torch.cuda.Stream.priority_range()))
         # Whichever kernel of a fused call waits on the other's signals must never hold SMs while the other still
         # waits for some: it is launched only once every block of the other kernel runs (AllGatherGEMM: its start
         # gate; GEMMReduceScatter: a launch-completion event). Seen 2026-12-03 without a guard: 4 PEs under MPS,
@@ -114,12 +123,46 @@ class FusedGEMM:
         self.links = dataclasses.replace(self.links, put_by_blocks=all(rt.reachable))
 
         self._plans = PlanCache(plan_cache_capacity())
-        # The chooser's inputs that live outside the arguments (tuning cache, FLUX_SHMEM_GEMM_CONFIG) are PE 0's,
-        # read once: every PE then chooses the same GEMM configuration for every M.
+        self.check_plans = check_plans_enabled()
+        self._checked: set = set()
+        # What the chooser and the backend rule read outside the arguments (tuning cache, FLUX_SHMEM_GEMM_CONFIG,
+        # the plain-GEMM records, FLUX_SHMEM_PLAIN_GEMM), this PE's view; `share_choices` makes PE 0's everyone's.
         dt = kconfig.dtype_name(dtype)
-        self._tuned, self._forced = rt.host.allgather((tuple(sorted(tune_cache.snapshot(registry.tuning_dtype(dt), n, k).items())),
-                                                       tuple(sorted(kconfig.forced().items()))))[0]
-        self.inputs = self.plan_inputs()
+        self._choices = (tuple(sorted(tune_cache.snapshot(registry.tuning_dtype(dt), n, k).items())),
+                         tuple(sorted(kconfig.forced().items())),
+                         backends.snapshot(backends.current_gpu(), self.family, registry.tuning_dtype(dt), n, k),
+                         backends.forced())
+        self._tuned, self._forced, self._records, self._plain_gemm = self._choices
+        # Everything above is read from the arguments and the environment: every PE checks it before the GPU work
+        # below, so that a bad value on one PE stops all of them here, naming it (the enclosing all_or_none).
+        self._exchange(f"{name}'s settings (arguments and FLUX_SHMEM_* variables, checked on every PE)", None)
+        # Every kernel a call may launch is loaded now, while no kernel of this op spins: a first launch that
+        # loads lazily can wait for the running kernels (kernels/module.py load_into_context). Build or load
+        # errors surface here too.
+        for c in runnable:
+            for layout in self.layouts:
+                kgemm.CutlassGemm.get(self.family, dtype, layout, c)
+        self.budget = sm_budget(rt.device)
+        self.sms = self.budget.sms // self.cluster_m * self.cluster_m  # persistent grids never exceed the budget
+        if self.sms < self.cluster_m:
+            raise ValueError(f"{name}: this context may use {self.budget.sms} SM(s) ({self.budget.source}), fewer "
+                             f"than one {self.cluster_m}-CTA cluster: raise CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        # The comm stream has the highest priority, so that its blocks are scheduled ahead of the GEMM's when
+        # both wait for SMs; the split below keeps both inside the budget.
+        self.comm_stream = partition.side_stream(rt.device, priority=min(torch.cuda.Stream.priority_range()))
+
+    def share_choices(self) -> None:
+        """Collective: take PE 0's tuning-cache entries, FLUX_SHMEM_GEMM_CONFIG, GEMM records and
+        FLUX_SHMEM_PLAIN_GEMM, read once, so that every PE chooses alike for every M (peers read tiles by the plan),
+        and agree on FLUX_SHMEM_PLAN_CACHE and FLUX_SHMEM_CHECK_PLANS (caches that evict alike)."""
+        got = self._exchange(f"{type(self).__name__}'s GEMM choices (PE 0's)",
+                             (self._choices, self._plans.capacity, self.check_plans))
+        mine = got[self.rt.rank][1:]
+        if any(g[1:] != mine for g in got):
+            per_pe = ", ".join(f"PE {i}: {g[1]} / {int(g[2])}" for i, g in enumerate(got))
+            raise ValueError(f"PEs disagree on {PLAN_CACHE_ENV} / {CHECK_PLANS_ENV} ({per_pe}): give every PE the "
+                             "same values (plan caches must evict alike)")
+        self._tuned, self._forced, self._records, self._plain_gemm = got[0][0]
 
     # ---------------------------------------------------------------------------------------------------------
     def plan_inputs(self, **family) -> PlanInputs:
@@ -129,7 +172,8 @@ class FusedGEMM:
                           elem_bytes=torch.empty((), dtype=self.wire_dtype).element_size(), mode=self.mode,
                           budget_sms=self.budget.sms, sms=self.sms, cluster_m=self.cluster_m, links=self.links,
                           comm_blocks=self.comm_blocks, fused_configs=self.configs,
-                          plain_configs=self.plain_configs(), tuned=self._tuned, forced=self._forced, **family)
+                          plain_configs=self.plain_configs(), tuned=self._tuned, forced=self._forced,
+                          records=self._records, plain_gemm=self._plain_gemm, **family)
 
     def agree_inputs(self, **family) -> None:
         """Fix this op's planner inputs and check that every PE has the same (collective): SM budgets, link models
@@ -156,35 +200,69 @@ class FusedGEMM:
         return self.inputs.choice(m, layout, sm_count, fused)
 
     def call_plan(self, m: int, layout: str = "nk", *, pin: bool = False) -> CallPlan:
-        """How a call with M = m and B layout `layout` runs (`plan_call`, cached per (m, layout)). pin: keep the plan
-        for the op's life (`prepare`; so is a plan used inside a CUDA-graph capture, which reads its tile order)."""
+        """How a call with M = m and B layout `layout` runs (`plan_call`): the cached plan, else one planned now. A
+        query: it leaves the plan cache as it is (repr or path() on one PE must not make that PE's cache evict
+        differently). pin: keep the plan for the op's life (`prepare`)."""
         key = (m, layout)
-        plan = self._plans.get(key)
-        if plan is not None:
-            if not self._plans.pinned(key) and (pin or capturing()):
-                self._plans.pin(key)
-        else:
+        plan = self._plans.peek(key)
+        if plan is None:
             not_capturing(f"{type(self).__name__} with M = {m}")
-            try:
-                plan = plan_call(self.inputs, m, layout, self.rt.rank)
-            except ValueError as e:
-                raise ValueError(f"{type(self).__name__}: {e} ({self.budget.source})") from None
-            if plan.order is not None:
-                plan = dataclasses.replace(plan, order=self._upload(plan.order))
-            self._plans[key] = plan
-            if pin:
-                self._plans.pin(key)
+            plan = self._new_plan(m, layout)
+        if pin:
+            self._plans.pin(key, plan)
         return plan
+
+    def _new_plan(self, m: int, layout: str) -> CallPlan:
+        try:
+            plan = plan_call(self.inputs, m, layout, self.rt.rank)
+        except ValueError as e:
+            raise ValueError(f"{type(self).__name__}: {e} ({self.budget.source})") from None
+        return dataclasses.replace(plan, order=self._upload(plan.order)) if plan.order is not None else plan
+
+    def plan_for_call(self, m: int, layout: str) -> CallPlan:
+        """The plan a call runs. Calls are collective (every PE calls with the same M), so every PE's cache takes
+        the same steps: the plan enters (or is touched in) the LRU, and inside a CUDA-graph capture it is pinned
+        (the graph reads its tables). A capture cannot plan: a miss there raises, on every PE alike, naming
+        prepare(). With FLUX_SHMEM_CHECK_PLANS=1 a plan's first call compares its digest across PEs."""
+        key = (m, layout)
+        plan = self._plans.peek(key)
+        if plan is None:
+            if capturing():
+                raise RuntimeError(f"{type(self).__name__}: M = {m} ({layout}) has no plan inside this CUDA-graph "
+                                   f"capture (a capture cannot plan): call op.prepare([{m}], layouts=('{layout}',)) "
+                                   "on every PE before capturing")
+            plan = self._new_plan(m, layout)
+        self._plans.use(key, plan)
+        if capturing() and not self._plans.pinned(key):
+            self._plans.pin(key, plan)
+        if self.check_plans and key not in self._checked:
+            self._check_plan(key, plan)
+        return plan
+
+    def _exchange(self, what: str, value) -> list:
+        return collective.exchange(what, value, host=self.rt.host, timeout_s=self.rt.timeout_s)
+
+    def _check_plan(self, key: tuple, plan: CallPlan) -> None:
+        """FLUX_SHMEM_CHECK_PLANS=1: every PE's digest of this call's plan, compared (collective)."""
+        got = self._exchange(f"{type(self).__name__}'s plan of M = {key[0]} ({key[1]})", plan_digest(plan))
+        bad = [pe for pe, d in enumerate(got) if d != got[0]]
+        if bad:
+            raise RuntimeError(f"{type(self).__name__}: PEs planned M = {key[0]} ({key[1]}) differently: PE(s) "
+                               f"{bad} differ from PE 0 ({got[bad[0]]} vs {got[0]}): their planner inputs or "
+                               "plan caches diverged; report this with the ops' repr on each PE")
+        self._checked.add(key)
 
     def _upload(self, order: list[int]) -> torch.Tensor:
         """A tile order table as the kernels read it (int32 on this PE's device)."""
         return torch.tensor(order, dtype=torch.int32, device=f"cuda:{self.rt.device}")
 
     def prepare(self, ms, layouts=("nk",)) -> None:
-        """Plan calls with every M of `ms` and B layouts `layouts` now: the planner's host time leaves the calls,
-        and a CUDA graph captured afterwards finds its plans made (a capture cannot plan). These plans are pinned:
-        the op's bounded plan cache never evicts them. Nothing collective: plans depend only on the inputs every
-        PE agreed on."""
+        """Make everything a call with each M of `ms` and B layout of `layouts` needs, now: its plan (pinned: the
+        bounded cache never evicts it), the communication engines' device tables, the split-K workspace, cuBLAS's
+        handle for this stream. The planner's host time then leaves the calls, and a CUDA graph captured
+        afterwards (with no call before it) finds all made. Collective: every PE must prepare the same list, so
+        that every PE's cache stays alike."""
+        todo = []
         for layout in layouts:
             if layout not in self.layouts:
                 raise ValueError(f"layout must be one of {self.layouts}, got {layout!r}")
@@ -193,7 +271,33 @@ class FusedGEMM:
                 if m > self.max_m or m % self.rt.world_size:
                     raise ValueError(f"{type(self).__name__}.prepare: M = {m} is not a multiple of the world size "
                                      f"{self.rt.world_size} up to max_m = {self.max_m}")
-                self.call_plan(m, layout, pin=True)
+                todo.append((m, layout))
+        symmetric.agree(f"{type(self).__name__}.prepare(ms, layouts) (every PE prepares the same)", todo,
+                        host=self.rt.host, timeout_s=self.rt.timeout_s)
+        not_capturing(f"{type(self).__name__}.prepare")
+        for m, layout in todo:
+            plan = self.call_plan(m, layout, pin=True)
+            self._prepare_call(m, layout, plan)
+            if plan.backend is not None and plan.backend.name == backends.CUBLAS:
+                self._warm_cublas()
+            elif plan.gemm is not None and plan.gemm.split > 1:  # our split-K workspace, allocated now
+                cfg = registry.get(plan.gemm.config)  # (fp32 partial tiles of at most every tile, and locks)
+                self.kernel(layout, cfg.name).workspace(4 * (m + cfg.tile_m) * (self.n + cfg.tile_n) + (1 << 20))
+
+    def _prepare_call(self, m: int, layout: str, plan: CallPlan) -> None:
+        """The family's device tables of a call with this plan, made and pinned now (`prepare`)."""
+
+    def _warm_cublas(self) -> None:
+        """One tiny cuBLAS GEMM of this op's dtype on the current stream: its handle and workspace exist before a
+        capture."""
+        dev = f"cuda:{self.rt.device}"
+        if self.fp8:
+            a = torch.zeros((16, 32), device=dev).to(torch.float8_e4m3fn)
+            one = torch.ones((), device=dev)
+            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        else:
+            a = torch.zeros((16, 16), device=dev, dtype=self.dtype)
+            torch.matmul(a, a)
 
     def path(self, m: int, layout: str = "nk") -> str:
         """'fused' or 'decomposed' (or 'gemm' with one PE, where there is nothing to communicate): what a call
@@ -263,3 +367,31 @@ class FusedGEMM:
         if trace is not None:
             trace.stage(f"GEMM {choice.config} on {sms} CTAs finished", torch.cuda.current_stream(), "main")
         return out
+
+    def plain_gemm(self, plan: CallPlan, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias,
+                   m: int, scales: tuple[int, int, int], scale_a=None, scale_b=None) -> None:
+        """The unfused GEMM of a call (decomposed path, one PE) into `out`, by the plan's backend: our kernel on
+        the whole budget, or cuBLAS (torch.addmm / torch._scaled_mm with scale_a, scale_b as tensors)."""
+        if plan.backend is not None and plan.backend.name == backends.CUBLAS:
+            self._cublas(a, b, bias, out, scale_a, scale_b)
+        else:
+            self._plain(layout, a, b, out, bias, m, plan.gemm_sms, plan.gemm, scales)
+
+    def _cublas(self, a: torch.Tensor, b: torch.Tensor, bias, out: torch.Tensor, scale_a, scale_b) -> None:
+        if not self.fp8:
+            if bias is None:
+                torch.matmul(a, b, out=out)
+            else:
+                torch.addmm(bias, a, b, out=out)
+            return
+        # torch._scaled_mm takes both scales per tensor or both rowwise ([M, 1] and [1, N]): a mixed pair is
+        # expanded to rowwise.
+        m, n = a.shape[0], b.shape[1]
+        sa, sb = scale_a.float().reshape(-1), scale_b.float().reshape(-1)
+        if sa.numel() == 1 and sb.numel() == 1:
+            sa, sb = sa.reshape(()), sb.reshape(())
+        else:
+            sa = sa.expand(m).reshape(m, 1).contiguous()
+            sb = sb.expand(n).reshape(1, n).contiguous()
+        torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.bfloat16,
+                         use_fast_accum=registry.fp8_fast_accum(), out=out)

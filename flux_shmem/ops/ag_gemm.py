@@ -15,7 +15,7 @@ import torch
 
 from ..kernels import gemm as kgemm
 from ..kernels import registry
-from ..runtime import pacing, signals, stall, symmetric
+from ..runtime import collective, pacing, signals, stall, symmetric
 from ..plan import search
 from ._fused import FusedGEMM
 from ..plan.schedules import fused_chunk_rows
@@ -48,6 +48,10 @@ class AllGatherGEMM(FusedGEMM):
 
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
                  chunk_rows: int | None = None, comm_blocks: Optional[int] = None, engine: str = "auto"):
+        with collective.all_or_none("AllGatherGEMM construction"):  # an error on one PE reaches every PE
+            self._construct(max_m, n, k, dtype, mode, chunk_rows, comm_blocks, engine)
+
+    def _construct(self, max_m, n, k, dtype, mode, chunk_rows, comm_blocks, engine) -> None:
         if engine not in self.ENGINES:
             raise ValueError(f"engine must be one of {self.ENGINES} ('sm': a gather kernel on comm_blocks SMs; "
                              f"'ce': copy engines, one NVLink domain only; 'auto': the faster), got {engine!r}")
@@ -67,13 +71,17 @@ class AllGatherGEMM(FusedGEMM):
         ms = max_m // W
         if chunk_rows is None:
             chunk_rows = fused_chunk_rows(ms, k * torch.empty((), dtype=dtype).element_size(), self.tile_m)
+        # the collective part: every PE got here
+        symmetric.agree("AllGatherGEMM(max_m, n, k, dtype, mode, engine, comm_blocks)",
+                        (max_m, n, k, str(dtype), mode, engine, comm_blocks))
+        self.share_choices()
         self.ag = AllGather(ms, k, dtype, chunk_rows=chunk_rows,
                             comm_blocks=self.comm_blocks or max(search.AG_COMM_BLOCKS),
                             copy_engine="ce" in self._engines)
-        # fp8: every shard's scales (up to ms of them), packed 4 fp32 to a 16-byte row, gathered before a call
+        # fp8: every shard's scales, one per shard row (a per-tensor scale expanded), packed 4 fp32 to a 16-byte
+        # row and gathered before a call: always the same size, so PEs passing different scale kinds still gather
+        # alike (and each row gets its shard's own scale)
         self.scale_ag = AllGather(-(-ms // 4), 4, torch.float32, comm_blocks=1) if self.fp8 else None
-        symmetric.agree("AllGatherGEMM(max_m, n, k, dtype, mode, engine, comm_blocks)",
-                        (max_m, n, k, str(dtype), mode, engine, comm_blocks))
         self.agree_inputs(engines=self._engines, chunk_rows=self.ag.chunk_rows,
                           decomposed_comm_blocks=self.ag.comm_blocks)
 
@@ -85,14 +93,13 @@ class AllGatherGEMM(FusedGEMM):
 
     def gather_scales(self, scale_a: torch.Tensor, ms: int) -> torch.Tensor:
         """fp8: every PE's shard scales (per-tensor [] or one per row, [ms]) as one fp32 scale per row of the
-        gathered A, [world * ms] (collective; on torch's current stream)."""
+        gathered A, [world * ms] (collective; on torch's current stream). Each PE sends ms of them whatever its
+        kind (a per-tensor scale expanded): the gather's size never depends on a PE's own choice."""
         W = self.rt.world_size
-        sa = scale_a.reshape(-1)
-        rows4 = -(-sa.numel() // 4)
-        packed = torch.zeros((rows4, 4), dtype=torch.float32, device=sa.device)
-        packed.view(-1)[:sa.numel()] = sa
-        got = self.scale_ag(packed, copy=False).reshape(W, rows4 * 4)[:, :sa.numel()]
-        return (got.expand(W, ms) if sa.numel() == 1 else got).contiguous().reshape(-1)
+        rows4 = -(-ms // 4)
+        packed = torch.zeros((rows4, 4), dtype=torch.float32, device=scale_a.device)
+        packed.view(-1)[:ms] = scale_a.reshape(-1).expand(ms) if scale_a.numel() == 1 else scale_a.reshape(-1)
+        return self.scale_ag(packed, copy=False).reshape(W, rows4 * 4)[:, :ms].contiguous().reshape(-1)
 
     def _gemm(self, layout: str, a_ptr: int, b: torch.Tensor, out: torch.Tensor, bias, m: int, *, wait: bool,
               sm_count: int, order: torch.Tensor | None, swizzle: int, choice, engine: str = "sm",
@@ -123,16 +130,16 @@ class AllGatherGEMM(FusedGEMM):
         m = ms * rt.world_size
         if not 0 < m <= self.max_m:
             raise ValueError(f"a_shard has {ms} rows (M = {m}); this op takes M up to {self.max_m}")
-        if rt.world_size == 1:  # nothing to gather: the plain GEMM on the shard
-            out = self.gemm_only(a_shard, b, bias, scale_a=scale_a, scale_b=scale_b)
+        plan = self.plan_for_call(m, layout)
+        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a_shard.device)
+        if rt.world_size == 1:  # nothing to gather: the plain GEMM on the shard (ours or cuBLAS)
+            self.plain_gemm(plan, layout, a_shard, b, out, bias, m, scales, scale_a, scale_b)
             return (out, a_shard.clone()) if return_gathered else out
         if self.fp8:  # one scale per gathered row (kept alive by the allocator until the GEMM is done)
             row_scales = self.gather_scales(scale_a, ms)
             scales = (row_scales.data_ptr(), scales[1], scales[2] | kgemm.SCALE_ROWWISE_A)
-        out = torch.empty((m, self.n), dtype=self.out_dtype, device=a_shard.device)
         main = torch.cuda.current_stream()
         ag = self.ag
-        plan = self.call_plan(m, layout)
         trace = stall.begin("AllGatherGEMM")
         if plan.path == "fused":
             self.comm_stream.wait_stream(main)
@@ -165,9 +172,9 @@ class AllGatherGEMM(FusedGEMM):
             if plan.engine == "ce":
                 ag.ce_done(main)
         else:
-            ag.launch(a_shard, stream=main, wait_all=True)
-            self._gemm(layout, ag.gather.data_ptr(), b, out, bias, m, wait=False, sm_count=plan.gemm_sms,
-                       order=None, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
+            gathered = ag.launch(a_shard, stream=main, wait_all=True)
+            self.plain_gemm(plan, layout, gathered, b, out, bias, m, scales,
+                            row_scales if self.fp8 else None, scale_b)
         ag.sync.bump(main)
         if trace is not None:
             trace.stage("call done (epoch bumped)", main, "main")
@@ -179,6 +186,20 @@ class AllGatherGEMM(FusedGEMM):
         if return_gathered:
             return out, ag.gather[:m].clone()
         return out
+
+    def _prepare_call(self, m: int, layout: str, plan) -> None:
+        if self.rt.world_size == 1:
+            return
+        ms = m // self.rt.world_size
+        if plan.path == "fused" and plan.engine == "sm":
+            cfg = registry.get(plan.gemm.config)
+            self.ag.plan(ms, plan.comm_blocks, cfg.cluster_m * cfg.cluster_n, pin=True)
+        elif plan.path == "fused":
+            self.ag.peers()
+        else:
+            self.ag.plan(ms, self.ag.comm_blocks, pin=True)
+        if self.fp8:
+            self.scale_ag.plan(-(-ms // 4), self.scale_ag.comm_blocks, pin=True)
 
     def _plain(self, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias, m: int,
                sm_count: int, choice, scales: tuple[int, int, int]) -> None:

@@ -9,8 +9,9 @@ import torch
 
 from ..kernels import abi
 from ..kernels.module import copy_async, load, write_value_async
-from ..runtime import pacing, signals, symmetric
+from ..runtime import collective, pacing, signals, symmetric
 from ..runtime.state import get_runtime
+from ..plan.cache import PlanCache, plan_cache_capacity
 from ..plan.schedules import ag_ce_copies, ag_plan, plan_tensors
 from ._validate import check_dtype, check_tensor, not_capturing, positive
 
@@ -39,6 +40,10 @@ class AllGather:
 
     def __init__(self, max_rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, *,
                  chunk_rows: int | None = None, comm_blocks: int = 16, copy_engine: bool = False):
+        with collective.all_or_none("AllGather construction"):  # an error on one PE reaches every PE
+            self._construct(max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine)
+
+    def _construct(self, max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine) -> None:
         self.rt = get_runtime()
         self.max_rows, self.cols = positive("max_rows", max_rows), positive("cols", cols)
         check_dtype("AllGather", dtype, _DTYPES)
@@ -65,7 +70,9 @@ class AllGather:
         self._kernel = load("collectives").kernel("fs_all_gather")
         # [started blocks, all started]: see launch(gate=True)
         self._gate = torch.zeros(2, dtype=torch.int64, device=f"cuda:{self.rt.device}")
-        self._plans: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
+        # device tables per (rows, blocks, cluster), bounded like the fused ops' plans (alike on every PE: filled
+        # by calls, pinned by prepare and capture)
+        self._plans = PlanCache(plan_cache_capacity())
         self._peers: list[tuple[int, int]] | None = None  # (gather, ce_flags) addresses per PE, for launch_ce
         self.pace = pacing.pace(self.rt.device)
 
@@ -73,17 +80,32 @@ class AllGather:
     def ce_capable(self) -> bool:
         return ce_capable(self.rt)
 
-    def plan(self, rows: int, blocks: int, cluster: int = 1) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Device tables of `ag_plan` for shards of `rows` rows on `blocks` blocks (cached): (units, offsets,
-        blocks that have work, rounded up to a multiple of `cluster`)."""
+    def plan(self, rows: int, blocks: int, cluster: int = 1, *, pin: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Device tables of `ag_plan` for shards of `rows` rows on `blocks` blocks (cached, bounded): (units,
+        offsets, blocks that have work, rounded up to a multiple of `cluster`). pin: kept for the op's life
+        (prepare; so are tables used inside a CUDA-graph capture)."""
         key = (rows, blocks, cluster)
-        if key not in self._plans:
+        tables = self._plans.peek(key)
+        if tables is None:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             chunks = -(-rows // self.chunk_rows)
-            self._plans[key] = plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks),
-                                            f"cuda:{rt.device}", multiple=cluster)
-        return self._plans[key]
+            tables = plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks),
+                                  f"cuda:{rt.device}", multiple=cluster)
+        if pin or torch.cuda.is_current_stream_capturing():
+            self._plans.pin(key, tables)
+        if not pin:
+            self._plans.use(key, tables)
+        return tables
+
+    def peers(self) -> list[tuple[int, int]]:
+        """(gather, ce_flags) addresses of every PE's buffers, for launch_ce (made once, before any capture)."""
+        if self._peers is None:
+            not_capturing("the copy-engine all-gather")
+            self._peers = [(symmetric.peer(self.gather, p).data_ptr(), symmetric.peer(self.ce_flags, p).data_ptr())
+                           for p in range(self.rt.world_size)]
+        return self._peers
 
     def launch_ce(self, x: torch.Tensor, stream) -> torch.Tensor:
         """Copy-engine variant of `launch(x, stream, wait_all=False)`, for one NVLink domain: after a barrier
@@ -100,15 +122,13 @@ class AllGather:
         if self.ce_flags is None:
             raise ValueError("this AllGather was built without copy_engine=True")
         W, me = rt.world_size, rt.rank
-        if self._peers is None:
-            self._peers = [(symmetric.peer(self.gather, p).data_ptr(), symmetric.peer(self.ce_flags, p).data_ptr())
-                           for p in range(W)]
+        peers = self.peers()
         self.sync.barrier(stream)
         self.ce_barrier_done.record(stream)
         rows = x.shape[0]
         src = x.data_ptr()
         for cp in ag_ce_copies(me, W, rows, self.chunk_rows, self.cols * x.element_size()):
-            gather, flags = self._peers[cp.dest]
+            gather, flags = peers[cp.dest]
             copy_async(gather + cp.offset, src + cp.src_offset, cp.nbytes, stream)
             write_value_async(flags + 8 * cp.flag, 1, stream)
         return self.gather[: W * rows]

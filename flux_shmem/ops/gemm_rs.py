@@ -16,14 +16,15 @@ from typing import Optional
 
 import torch
 
+from ..kernels import backends
 from ..kernels import gemm as kgemm
 from ..kernels import module as kmodule
 from ..kernels import registry
-from ..runtime import signals, stall, symmetric
 from ..plan import search
+from ..plan.schedules import default_unit_rows
+from ..runtime import collective, signals, stall, symmetric
 from ._fused import FusedGEMM
 from ._validate import positive
-from ..plan.schedules import default_unit_rows
 from .reduce_scatter import ReduceEngine
 
 
@@ -49,14 +50,21 @@ class GEMMReduceScatter(FusedGEMM):
     def __init__(self, max_m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, *, mode: str = "auto",
                  unit_rows: int | None = None, comm_blocks: Optional[int] = None,
                  group_tiles: Optional[int] = None):
+        with collective.all_or_none("GEMMReduceScatter construction"):  # an error on one PE reaches every PE
+            self._construct(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles)
+
+    def _construct(self, max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles) -> None:
         super().__init__(max_m, n, k, dtype, mode, comm_blocks)
         self.group_tiles = positive("group_tiles", group_tiles) if group_tiles is not None else None
         rt = self.rt
         elem = torch.empty((), dtype=self.out_dtype).element_size()
         unit_rows = positive("unit_rows", unit_rows) if unit_rows is not None else \
             default_unit_rows(n, elem, self.tile_m)
+        # the collective part: every PE got here
         symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles)",
                         (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks, group_tiles))
+        self.share_choices()
+        self.inputs = self.plan_inputs()
         # One configuration for the op's life: the reduce engine waits until each peer's counter of an M-tile
         # reaches epoch x N-tiles, so the tile width may change neither between calls nor between PEs (whose
         # choices agree: PlanInputs).
@@ -106,11 +114,13 @@ class GEMMReduceScatter(FusedGEMM):
         if not 0 < m <= self.max_m or m % rt.world_size:
             raise ValueError(f"a has {m} rows; this op takes M a multiple of the world size {rt.world_size}, up "
                              f"to {self.max_m}")
-        if rt.world_size == 1:  # nothing to reduce: the plain GEMM, bias included
-            return self.gemm_only(a, b, bias, scale_a=scale_a, scale_b=scale_b)
+        plan = self.plan_for_call(m, layout)
+        if rt.world_size == 1:  # nothing to reduce: the plain GEMM (ours or cuBLAS), bias included
+            out = torch.empty((m, self.n), dtype=self.out_dtype, device=a.device)
+            self.plain_gemm(plan, layout, a, b, out, bias, m, scales, scale_a, scale_b)
+            return out
         out = torch.empty((m // rt.world_size, self.n), dtype=self.out_dtype, device=a.device)
         main = torch.cuda.current_stream()
-        plan = self.call_plan(m, layout)
         trace = stall.begin("GEMMReduceScatter")
         eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my partial
         if trace is not None:
@@ -138,6 +148,14 @@ class GEMMReduceScatter(FusedGEMM):
             main.wait_stream(self.comm_stream)
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)
+        elif plan.backend is not None and plan.backend.name == backends.CUBLAS:
+            # cuBLAS writes the partial; then every tile of it is marked ready at once (the reduce kernel waits on
+            # the marks of its node peers' partials). The marks follow the GEMM on this stream, after its writes
+            # are done: a peer that sees a mark sees the tile.
+            self._cublas(a, b, None, eng.partial[:m], scale_a, scale_b)
+            tiles = -(-m // self.tile_m) * eng.tiles_n
+            eng.tile_ready[:tiles].copy_(eng.sync.epoch.expand(tiles))
+            eng.launch(m, out, src=None, bias=bias, stream=main)
         else:
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
                        order=None, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
@@ -168,6 +186,17 @@ class GEMMReduceScatter(FusedGEMM):
                    order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
         self.engine.sync.bump(main)  # the marks this GEMM set belong to a finished epoch
         return self.engine.partial[:m]
+
+    def _prepare_call(self, m: int, layout: str, plan) -> None:
+        if self.rt.world_size == 1:
+            return
+        eng = self.engine
+        if plan.path == "fused":
+            shape = dict(swizzle=plan.swizzle, group_tiles=plan.group_tiles or None, tail=plan.tail,
+                         tail_blocks=plan.tail_blocks)
+            eng.plan(m, plan.comm_blocks, False, **shape, pin=True)
+        else:
+            eng.plan(m, eng.comm_blocks, False, pin=True)
 
     def _plain(self, layout: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias, m: int,
                sm_count: int, choice, scales: tuple[int, int, int]) -> None:

@@ -12,7 +12,8 @@ import torch
 
 from ..kernels import abi
 from ..kernels.module import load
-from ..runtime import pacing, signals, symmetric
+from ..plan.cache import PlanCache, plan_cache_capacity
+from ..runtime import collective, pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
 from ..plan.schedules import (default_unit_rows, plan_tensors, rs_completion, rs_max_units, rs_plan, rs_split_tail,
                         rs_tile_order, rs_units)
@@ -74,18 +75,21 @@ class ReduceEngine:
         self.exits = torch.zeros(2, dtype=torch.int64, device=dev)
         self._kernel = load("collectives").kernel(f"fs_reduce_scatter_{_DTYPES[dtype]}")
         self._wait_done = load("collectives").kernel("fs_wait_done")
-        self._plans: dict[tuple, tuple] = {}
+        # device tables per call shape, bounded like the fused ops' plans (alike on every PE: filled by calls,
+        # pinned by prepare and capture)
+        self._plans = PlanCache(plan_cache_capacity())
         self.pace = pacing.pace(rt.device)
         self.kernel_flags = kernel_flags(dtype)
 
     def plan(self, rows: int, blocks: int, standalone: bool, swizzle: int = 1, group_tiles: int | None = None,
-             tail: int = 0, tail_blocks: int = 0) -> tuple:
+             tail: int = 0, tail_blocks: int = 0, *, pin: bool = False) -> tuple:
         """Device tables of `rs_plan` for `rows` rows on `blocks` blocks, its units `group_tiles` N-tiles wide (None:
         whole rows) in the order a GEMM with `swizzle` completes them (cached), and of its tail (the last `tail`
         pieces that GEMM completes, on `tail_blocks` blocks; None without one): each (items, offsets, blocks that
         have work); and the units."""
         key = (rows, blocks, standalone, swizzle, group_tiles, tail, tail_blocks)
-        if key not in self._plans:
+        tables = self._plans.peek(key)
+        if tables is None:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             W, L = rt.world_size, rt.node_size
@@ -96,8 +100,12 @@ class ReduceEngine:
                                 completion=completion)
             main, tail_plan = rs_split_tail(per_block, completion, tail, units, max(1, tail_blocks))
             dev = f"cuda:{rt.device}"
-            self._plans[key] = (plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units)
-        return self._plans[key]
+            tables = (plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units)
+        if pin or torch.cuda.is_current_stream_capturing():
+            self._plans.pin(key, tables)
+        if not pin:
+            self._plans.use(key, tables)
+        return tables
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
                stream=None, blocks: int | None = None, swizzle: int = 1, group_tiles: int | None = None,
@@ -140,6 +148,10 @@ class ReduceScatter:
 
     def __init__(self, max_rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, *,
                  unit_rows: int | None = None, comm_blocks: int = 16):
+        with collective.all_or_none("ReduceScatter construction"):  # an error on one PE reaches every PE
+            self._construct(max_rows, cols, dtype, unit_rows, comm_blocks)
+
+    def _construct(self, max_rows, cols, dtype, unit_rows, comm_blocks) -> None:
         rt = self.rt = get_runtime()
         self.max_rows, self.cols = positive("max_rows", max_rows), positive("cols", cols)
         check_dtype("ReduceScatter", dtype, tuple(_DTYPES))

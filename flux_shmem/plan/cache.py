@@ -1,14 +1,20 @@
-"""An op's bounded cache of call plans, with the plans a CUDA graph may need pinned."""
+"""An op's bounded cache of call plans (and of the engines' device tables), with what a CUDA graph may need
+pinned."""
 from __future__ import annotations
 
 import collections
 import os
 
+
 class PlanCache:
-    """An op's call plans by (M, layout): the `capacity` most recently used, and every pinned plan (made by
-    `prepare` or used inside a CUDA-graph capture: a captured graph reads its tile order's device memory) on top.
-    A mapping for the ops and the GPU checks: get, [key], [key] = plan (a pinned key stays pinned), clear (pins
-    too), in, len."""
+    """Plans (call plans, engine tables) by key: the `capacity` most recently used (the LRU), and every pinned one
+    (made by `prepare` or used inside a CUDA-graph capture, which reads their device memory) on top.
+
+    Every PE's cache must stay alike (a capture that misses on one PE only would record a call the others do not
+    make), so what changes it depends only on what every PE does alike: `use` (a call: every PE calls with the same
+    M) inserts or touches in the LRU, and `pin` (prepare, capture: collective too) keeps a plan for the op's life
+    without touching the LRU; `peek` (a query, perhaps on one PE only: repr, path) changes nothing. A mapping for
+    the ops and the GPU checks: peek, use, [key], [key] = plan, pin, pinned, clear (pins too), in, len."""
 
     def __init__(self, capacity: int):
         if not isinstance(capacity, int) or capacity < 1:
@@ -17,34 +23,36 @@ class PlanCache:
         self._lru: collections.OrderedDict = collections.OrderedDict()
         self._pinned: dict = {}
 
-    def get(self, key, default=None):
+    def peek(self, key, default=None):
+        """The plan of `key`, or `default`, changing nothing."""
         if key in self._pinned:
             return self._pinned[key]
-        plan = self._lru.get(key)
-        if plan is None:
-            return default
-        self._lru.move_to_end(key)
-        return plan
+        return self._lru.get(key, default)
 
-    def __getitem__(self, key):
-        plan = self.get(key)
-        if plan is None:
-            raise KeyError(key)
-        return plan
-
-    def __setitem__(self, key, plan) -> None:
+    def use(self, key, plan) -> None:
+        """A call ran with `plan`: into the LRU as its most recent entry (the oldest beyond capacity leave)."""
         if key in self._pinned:
             self._pinned[key] = plan
-            return
         self._lru[key] = plan
         self._lru.move_to_end(key)
         while len(self._lru) > self.capacity:
             self._lru.popitem(last=False)
 
-    def pin(self, key) -> None:
-        """Keep the plan of `key` (which must be cached) for the op's life."""
-        if key not in self._pinned:
-            self._pinned[key] = self._lru.pop(key)
+    def __getitem__(self, key):
+        plan = self.peek(key)
+        if plan is None:
+            raise KeyError(key)
+        return plan
+
+    def __setitem__(self, key, plan) -> None:
+        self.use(key, plan)
+
+    def pin(self, key, plan=None) -> None:
+        """Keep the plan of `key` (`plan`, or the cached one) for the op's life; the LRU stays as it is."""
+        plan = self.peek(key) if plan is None else plan
+        if plan is None:
+            raise KeyError(key)
+        self._pinned[key] = plan
 
     def pinned(self, key) -> bool:
         return key in self._pinned
@@ -57,7 +65,11 @@ class PlanCache:
         return key in self._pinned or key in self._lru
 
     def __len__(self) -> int:
-        return len(self._pinned) + len(self._lru)
+        return len(self._pinned.keys() | self._lru.keys())
+
+    def state(self) -> tuple:
+        """(LRU keys oldest first, pinned keys): what must be alike on every PE."""
+        return tuple(self._lru), tuple(sorted(self._pinned))
 
 
 PLAN_CACHE_ENV = "FLUX_SHMEM_PLAN_CACHE"

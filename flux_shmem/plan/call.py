@@ -7,11 +7,22 @@ import dataclasses
 import functools
 from typing import Optional
 
+from ..kernels import backends
 from ..kernels import config as kconfig
 from ..kernels import registry
 from . import fast, fast_ag, fast_rs, search
 from .inputs import PlanInputs, gemm_model
 from .simulate import Result
+
+# Mode 'auto' against what the model does not see. A call's host work bounds it from below: measured on an H100
+# (2026-12-07, 2 and 4 PEs under MPS, 6 shard shapes, M = 64, device_steps.sh autosweep2/4) a fused call took
+# 150-360 us however small its GEMM (median ~250: two streams, the start gate, the gather or reduce kernel, the
+# epoch bump), cuBLAS and our collective 94-250 (median ~150). And fusing must win by AUTO_MARGIN: the model's
+# fused and decomposed times were off by up to 15-30% in either direction there, and the decomposed path with
+# cuBLAS is what a user runs without us.
+HOST_US = {"fused": 250.0, "decomposed": 150.0}
+AUTO_MARGIN = 0.05
+
 
 @dataclasses.dataclass
 class CallPlan:
@@ -30,6 +41,7 @@ class CallPlan:
     tail_blocks: int = 0            # tail_blocks blocks
     group_tiles: int = 0            # GEMM+RS: reduce units' width in N-tiles (0: whole rows)
     gemm: Optional[kconfig.Choice] = None  # the GEMM kernel configuration and K split of the path taken
+    backend: Optional[backends.Backend] = None  # who runs the unfused GEMM ('gemm', 'decomposed'): ours or cuBLAS
 
     @property
     def config(self) -> str:
@@ -42,6 +54,8 @@ class CallPlan:
         tail = f", tail {self.tail} pieces on {self.tail_blocks} blocks" if self.tail else ""
         tail += f", reduce units {self.group_tiles} N-tiles wide" if self.group_tiles else ""
         gemm = "" if self.gemm is None else f", gemm {self.gemm.config} split={self.gemm.split} ({self.gemm.source})"
+        if self.backend is not None:
+            gemm = f", plain GEMM: {self.backend.describe()}" + (gemm if self.backend.name == backends.OURS else "")
         return (f"{self.path} (engine={self.engine}, comm_blocks={self.comm_blocks}, gemm_sms={self.gemm_sms}, "
                 f"swizzle={self.swizzle}{tail}{gemm}"
                 f"{model}; {self.reason})")
@@ -51,7 +65,7 @@ class CallPlan:
 def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[search.Split, Result]:
     """The simulator's choice of engine and SM split for a fused call with M = m, from nothing but the agreed
     inputs (AllGatherGEMM: on PE 0's view of the arrivals and its GEMM; GEMMReduceScatter: every PE's)."""
-    g = gemm_model(inp.k, config, inp.dtype)
+    g = gemm_model(inp.k, config, inp.dtype, inp.n)
     if inp.family == "ag_gemm":
         return search.plan_ag_gemm(
             world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
@@ -64,19 +78,32 @@ def plan_split(inp: PlanInputs, m: int, config: str) -> tuple[search.Split, Resu
         swizzle=dict(inp.forced).get("swizzle"))  # FLUX_SHMEM_GEMM_CONFIG's swizzle binds the fused GEMM too
 
 
-def one_pe_plan(inp: PlanInputs, plain: kconfig.Choice) -> CallPlan:
-    """One PE: the plain GEMM, nothing to communicate."""
+def one_pe_plan(inp: PlanInputs, m: int, layout: str, plain: kconfig.Choice) -> CallPlan:
+    """One PE: the plain GEMM (ours or cuBLAS, `PlanInputs.backend`), nothing to communicate."""
     return CallPlan("gemm", "sm", 0, inp.sms, plain.swizzle, None, None, "one PE: nothing to communicate",
-                    gemm=plain)
+                    gemm=plain, backend=inp.backend(m, layout))
 
 
-def no_split_plan(inp: PlanInputs, plain: kconfig.Choice) -> CallPlan:
+def no_split_plan(inp: PlanInputs, m: int, layout: str, plain: kconfig.Choice) -> CallPlan:
     """No fused split fits the SM budget: the decomposed path, or mode 'fused''s error naming the fix."""
     if inp.mode == "fused":
         raise ValueError(f"the fused path needs comm_blocks + {inp.cluster_m} SMs beside each other; this "
                          f"context may use {inp.budget_sms}: raise the MPS share or lower comm_blocks") from None
     return CallPlan("decomposed", "sm", inp.comm_blocks or 1, inp.sms, plain.swizzle, None, None,
-                    f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel", gemm=plain)
+                    f"the SM budget ({inp.budget_sms}) leaves no room for a GEMM beside the comm kernel", gemm=plain,
+                    backend=inp.backend(m, layout))
+
+
+def auto_path(r: Result, backend: backends.Backend) -> tuple[str, str]:
+    """Mode 'auto''s path from a prediction: fused only where it beats the decomposed path, whose GEMM is
+    `backend`'s (cuBLAS: the model's time for ours x the records' ratio), by AUTO_MARGIN, each at least its
+    host time (HOST_US)."""
+    dec = r.decomposed_us - (r.gemm_all_us * (1 - backend.ratio) if backend.name == backends.CUBLAS else 0.0)
+    fused_us, dec_us = max(r.fused_us, HOST_US["fused"]), max(dec, HOST_US["decomposed"])
+    path = "fused" if fused_us < dec_us * (1 - AUTO_MARGIN) else "decomposed"
+    return path, (f"auto: fused {fused_us:.0f} us vs decomposed {dec_us:.0f} us with {backend.name}'s GEMM "
+                  f"(host time at least {HOST_US['fused']:.0f} / {HOST_US['decomposed']:.0f} us; fused must win by "
+                  f"{AUTO_MARGIN:.0%})")
 
 
 def plan_call_full(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
@@ -84,23 +111,24 @@ def plan_call_full(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
     reference the fast plans are tested against (tests/test_plan_fast.py), and what benchmarks may compare."""
     plain = inp.choice(m, layout, inp.sms, False)
     if inp.world == 1:
-        return one_pe_plan(inp, plain)
+        return one_pe_plan(inp, m, layout, plain)
     fused = inp.choice(m, layout, inp.sms, True)
     try:
         sp, r = plan_split(inp, m, fused.config)
     except search.NoSplit:
-        return no_split_plan(inp, plain)
+        return no_split_plan(inp, m, layout, plain)
     if inp.mode != "auto":
         path, why = inp.mode, f"mode={inp.mode}"
     else:
-        path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
-        why = "auto: the simulator's prediction"
+        path, why = auto_path(r, inp.backend(m, layout))
+        why += " (the simulator's prediction)"
     if path == "fused":
         order = search.ag_order(r, rank, m, registry.get(fused.config).tile_m, inp.world, inp.chunk_rows) \
             if inp.family == "ag_gemm" else r.detail["order"][rank]
         return CallPlan(path, sp.engine, sp.comm_blocks, sp.gemm_sms, sp.swizzle, list(order), r, why, sp.tail,
                         sp.tail_blocks, sp.group_tiles, gemm=fused)
-    return CallPlan(path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, why, gemm=plain)
+    return CallPlan(path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, why, gemm=plain,
+                    backend=inp.backend(m, layout))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +148,10 @@ PLAN_BUCKETS = 1024  # bucket decisions kept per process (every op with the same
 
 
 @functools.lru_cache(maxsize=PLAN_BUCKETS)
-def bucket_plan(inp: PlanInputs, bucket: fast.Bucket, config: str) -> BucketPlan:
-    """The fast model's decisions for the fused GEMM configuration `config` at M = bucket.rep (raises
-    search.NoSplit when no split fits the SM budget)."""
-    g, m = gemm_model(inp.k, config, inp.dtype), bucket.rep
+def bucket_plan(inp: PlanInputs, bucket: fast.Bucket, config: str, layout: str) -> BucketPlan:
+    """The fast model's decisions for the fused GEMM configuration `config` at M = bucket.rep, B layout `layout`
+    (the decomposed path's GEMM backend depends on it; raises search.NoSplit when no split fits the SM budget)."""
+    g, m = gemm_model(inp.k, config, inp.dtype, inp.n), bucket.rep
     if inp.family == "ag_gemm":
         sp, r = fast_ag.plan_ag_gemm(
             world=inp.world, node_size=inp.node_size, m=m, n=inp.n, k=inp.k, elem_bytes=inp.elem_bytes, gemm=g,
@@ -140,15 +168,15 @@ def bucket_plan(inp: PlanInputs, bucket: fast.Bucket, config: str) -> BucketPlan
     where = f"the model's prediction at M = {m} (bucket {bucket.lo}..{bucket.hi})"
     if inp.mode != "auto":
         return BucketPlan(bucket, inp.mode, sp, kind, r, f"mode={inp.mode}; {where}", short)
-    path = "fused" if r.fused_us < r.decomposed_us else "decomposed"
-    return BucketPlan(bucket, path, sp, kind, r, f"auto: {where}", short)
+    path, why = auto_path(r, inp.backend(m, layout))
+    return BucketPlan(bucket, path, sp, kind, r, f"{why}; {where}", short)
 
 
 def bucket_for(inp: PlanInputs, m: int, config: str) -> fast.Bucket:
     """M's bucket for the fused GEMM configuration `config`."""
     cfg = registry.get(config)
     return fast.bucket_of(m, inp.world, cfg.tile_m,
-                               fast.linear_limit(cfg.tile_m, cfg.tile_n, cfg.cluster_m, inp.n, inp.sms))
+                          fast.linear_limit(cfg.tile_m, cfg.tile_n, cfg.cluster_m, inp.n, inp.sms))
 
 
 def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
@@ -161,15 +189,16 @@ def plan_call(inp: PlanInputs, m: int, layout: str, rank: int) -> CallPlan:
     GEMMReduceScatter's split among the bucket's shortlist (`rs_split`)."""
     plain = inp.choice(m, layout, inp.sms, False)
     if inp.world == 1:
-        return one_pe_plan(inp, plain)
+        return one_pe_plan(inp, m, layout, plain)
     fused = inp.choice(m, layout, inp.sms, True)
     try:
-        bp = bucket_plan(inp, bucket_for(inp, m, fused.config), fused.config)
+        bp = bucket_plan(inp, bucket_for(inp, m, fused.config), fused.config, layout)
     except search.NoSplit:
-        return no_split_plan(inp, plain)
+        return no_split_plan(inp, m, layout, plain)
     sp, r = bp.split, bp.predicted
     if bp.path != "fused":
-        return CallPlan(bp.path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, bp.reason, gemm=plain)
+        return CallPlan(bp.path, "sm", sp.comm_blocks, inp.sms, plain.swizzle, None, r, bp.reason, gemm=plain,
+                        backend=inp.backend(m, layout))
     cfg = registry.get(fused.config)
     if inp.family == "ag_gemm":
         swizzle = kconfig.swizzle_for(cfg, m, inp.chunk_rows, inp.n)[0]
@@ -195,5 +224,5 @@ def rs_split(inp: PlanInputs, m: int, bp: BucketPlan, config: str) -> search.Spl
                                  sp.swizzle, sp.group_tiles, sp.gemm_sms // cfg.cluster_m)
         return dataclasses.replace(sp, tail=tail, tail_blocks=sp.tail_blocks if tail else 0)
     return fast_rs.rs_refine(world=inp.world, node_size=inp.node_size, m=m, n=inp.n, elem_bytes=inp.elem_bytes,
-                               gemm=gemm_model(inp.k, config, inp.dtype), budget_sms=inp.budget_sms,
+                               gemm=gemm_model(inp.k, config, inp.dtype, inp.n), budget_sms=inp.budget_sms,
                                unit_rows=inp.unit_rows, links=inp.links, shortlist=bp.shortlist)[0]

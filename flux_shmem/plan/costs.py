@@ -36,8 +36,10 @@ class Links:
     unit_us: float = 5.5             # a reduce unit's fixed cost: its counter waits, barriers, pacing and the first
     #                                  round of loads (H100 2026-12-05: units 7 N-tiles x 8 rows wide ran 7.7 us each
     #                                  on 2 blocks, where their bytes alone take ~5 at the blocks' rate)
-    gemm_beside_comm: float = 1.1    # a GEMM tile's time beside a comm kernel, over its time alone (H100 2026-12-05:
-    #                                  the fused calls' GEMM stage 1.05-1.21x gemm_only on the same SMs)
+    gemm_beside_comm: float = 1.03   # a GEMM tile's time beside a comm kernel, over its time alone (H100 2026-12-05:
+    #                                  the fused calls' GEMM stage 1.05-1.21x gemm_only on the same SMs, a part of it
+    #                                  the swizzle's, SWIZZLE_COST; 2026-12-07, autosweep2/4 at M 4096-16384: fused
+    #                                  calls within 0.98-1.1x of their GEMM's time alone)
 
     def __post_init__(self) -> None:
         for f in ("nvlink_gbps", "ib_gbps", "block_gbps", "local_gbps", "ce_gbps", "put_block_gbps"):
@@ -88,14 +90,15 @@ class Gemm:
     cluster_m: int = 2
     tile_us: float = 100.0
     swizzle_cost: bool = False  # tiles of narrow swizzle groups take longer (SWIZZLE_COST)
+    plain_swizzle: int = 8      # the plain GEMM's swizzle at this N (kernels.config.swizzle_cap_for_n): no cost below
 
     @staticmethod
     def from_rate(k: int, tflops_per_sm: float, tile_m: int = 128, tile_n: int = 256, cluster_m: int = 2,
-                  tile_fixed_us: float = 0.0, swizzle_cost: bool = False) -> "Gemm":
+                  tile_fixed_us: float = 0.0, swizzle_cost: bool = False, plain_swizzle: int = 8) -> "Gemm":
         """A tile's time from the K of the problem and one SM's rate (TFLOP/s of the whole GPU / its SMs), plus a
         fixed cost per tile (its epilogue)."""
         return Gemm(tile_m, tile_n, cluster_m, 2.0 * tile_m * tile_n * k / (tflops_per_sm * 1e12) * 1e6 + tile_fixed_us,
-                    swizzle_cost)
+                    swizzle_cost, plain_swizzle)
 
     def beside_comm(self, links: "Links") -> "Gemm":
         """This GEMM as it runs beside a comm kernel (a fused call)."""
@@ -106,11 +109,16 @@ class Gemm:
 # A GEMM whose swizzle groups hold few cluster rows re-reads B from memory for every group (B rarely fits in L2
 # beside A): measured on an H100 under MPS (2026-12-06, fused GEMM+RS's GEMM alone, 24-60 CTAs, K 1024-3584 per PE)
 # swizzle 1 ran 1.02-1.16x (most 1.07-1.09x) the time of swizzle 4 or 8, which ran alike. Tile time factor by the
-# swizzle (groups of fewer rows than the GEMM has); the decomposed paths run the plain GEMM's swizzle (8).
+# swizzle (groups of fewer rows than the GEMM has), against the plain GEMM's swizzle at that N (the decomposed
+# paths run it): at N <= 4096 per PE the plain GEMM itself runs swizzle 1, measured best there (a narrow B panel is
+# read by every group anyway, kernels/config.py swizzle_cap_for_n), so a fused swizzle 1 costs nothing more.
+# (H100 2026-12-07, autosweep2: AllGatherGEMM 3584 x 8192 per PE, M 16384, fused 2963 us against its GEMM alone
+# ~2890, where the cost made the model say 4099 and auto take the decomposed path.)
 SWIZZLE_COST = {1: 1.08, 2: 1.03}
 PLAIN_SWIZZLE = 8
 
 
 def swizzle_cost(g: Gemm, swizzle: int, tiles_m: int) -> float:
     rows = -(-tiles_m // g.cluster_m)
-    return SWIZZLE_COST.get(swizzle, 1.0) if g.swizzle_cost and swizzle < rows else 1.0
+    narrow = swizzle < min(rows, g.plain_swizzle)
+    return SWIZZLE_COST.get(swizzle, 1.0) if g.swizzle_cost and narrow else 1.0

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from typing import Optional
 
+from ..kernels import backends
 from ..kernels import config as kconfig
 from ..kernels import registry
 from .costs import Gemm, Links
@@ -43,6 +44,8 @@ class PlanInputs:
     plain_configs: Optional[tuple[str, ...]]  # ... the unfused one (None: all)
     tuned: tuple = ()               # PE 0's tuning-cache entries of this (n, k, dtype): ((layout, m, SMs), Entry)
     forced: tuple = ()              # PE 0's FLUX_SHMEM_GEMM_CONFIG fields
+    records: tuple = ()             # PE 0's plain-GEMM records of this (family, dtype, n, k): backends.snapshot
+    plain_gemm: str = "auto"        # PE 0's FLUX_SHMEM_PLAIN_GEMM ('auto': the records decide ours or cuBLAS)
     # AllGatherGEMM
     engines: tuple[str, ...] = ("sm",)
     chunk_rows: int = 0
@@ -56,6 +59,11 @@ class PlanInputs:
         tiles (split 1): its overlap plan (arrival order, counters per M-tile, tail) is made for those."""
         return _choice(self, m, layout, sm_count, fused)
 
+    def backend(self, m: int, layout: str) -> backends.Backend:
+        """What runs the unfused GEMM of a call with M = m (decomposed path, one PE): our kernel or cuBLAS, from
+        the records (kernels/backends.py) at this op's SM count."""
+        return _backend(self, m, layout)
+
 
 @functools.lru_cache(maxsize=4096)
 def _choice(inp: PlanInputs, m: int, layout: str, sm_count: int, fused: bool) -> kconfig.Choice:
@@ -67,7 +75,17 @@ def _choice(inp: PlanInputs, m: int, layout: str, sm_count: int, fused: bool) ->
     return c
 
 
-def gemm_model(k: int, config: str = registry.DEFAULT, dtype: str = "bf16") -> Gemm:
+@functools.lru_cache(maxsize=4096)
+def _backend(inp: PlanInputs, m: int, layout: str) -> backends.Backend:
+    return backends.choose(inp.records, m, layout, inp.sms, what=f"{inp.family} {inp.dtype} Mx{inp.n}x{inp.k}",
+                           force=inp.plain_gemm)
+
+
+def gemm_model(k: int, config: str = registry.DEFAULT, dtype: str = "bf16",
+               n: Optional[int] = None) -> Gemm:
+    """The planners' GEMM of K = k (and output width n: the plain GEMM's swizzle there, for the fused swizzle's
+    cost; None: the widest)."""
     cfg = registry.get(config)
     rate = TFLOPS_PER_SM * (kconfig.FP8_SPEEDUP if dtype == "e4m3" else 1.0)  # (nominal, until measured)
-    return Gemm.from_rate(k, rate, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US, swizzle_cost=True)
+    return Gemm.from_rate(k, rate, cfg.tile_m, cfg.tile_n, cfg.cluster_m, TILE_FIXED_US, swizzle_cost=True,
+                          plain_swizzle=kconfig.swizzle_cap_for_n(n))

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import FluxShmemError, SymmetricMismatchError
+from . import collective
 from .host import HostCollectives
 from .state import get_runtime
 
@@ -23,15 +24,9 @@ def agree(what: str, value: Any, host: HostCollectives | None = None, timeout_s:
     """Collective check that every PE passes the same `value` for `what`; raises on all PEs otherwise.
 
     `host` defaults to the runtime's host collectives (MPI or torch.distributed), `timeout_s` to its timeout: a
-    PE that never joins makes the others raise instead of hanging."""
-    if host is None or timeout_s is None:
-        rt = get_runtime()
-        host = rt.host if host is None else host
-        timeout_s = rt.timeout_s if timeout_s is None else timeout_s
-    if not host.barrier_within(timeout_s):
-        raise FluxShmemError(f"PE {host.rank}: not every PE joined the collective call {what} within "
-                             f"{timeout_s:g} s: every PE must make the same collective calls in the same order")
-    values = host.allgather(value)
+    PE that never joins makes the others raise instead of hanging; one that failed before (collective.all_or_none)
+    makes them raise naming it."""
+    values = collective.exchange(what, value, host=host, timeout_s=timeout_s)
     if any(v != values[0] for v in values):
         per_pe = ", ".join(f"PE {i}: {v}" for i, v in enumerate(values))
         raise SymmetricMismatchError(f"PEs disagree on {what} ({per_pe}): symmetric allocations and ops must be "
@@ -68,7 +63,7 @@ def zeros(shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> tor
     t = empty(shape, dtype)
     t.zero_()
     torch.cuda.current_stream().synchronize()
-    get_runtime().host.barrier()
+    collective.exchange("flux_shmem.zeros (every PE's copy zeroed)")
     return t
 
 
