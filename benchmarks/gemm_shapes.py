@@ -268,7 +268,7 @@ def main(argv=None) -> int:
                     if name not in fns:
                         fns[name] = tune.ours_fn(fam, ch, sets, sms, tdtype, lay)
                         errs[name] = tune.check_against(fns[name], sets, ref)
-            times = tune.time_interleaved(fns, len(sets), rounds=args.rounds)
+            times = tune.time_interleaved(fns, len(sets), rounds=args.rounds, graphs=part is None)
             med = {name: statistics.median(t) for name, t in times.items()}
             line = [f"{s.shape:18s} {lay} cuBLAS {med['cublas'] * 1e3:8.1f} us"]
             for fam, kind, ch, name in plan:

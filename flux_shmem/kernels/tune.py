@@ -86,9 +86,11 @@ def _graph(fn: Callable[[int], None], reps: int, nsets: int):
 
 
 def time_interleaved(fns: Dict[str, Callable[[int], None]], nsets: int, *, rounds: int = 5,
-                     target_ms: float = 4.0, max_reps: int = 64) -> Dict[str, List[float]]:
+                     target_ms: float = 4.0, max_reps: int = 64, graphs: bool = True) -> Dict[str, List[float]]:
     """Per-call device times (ms), one per round, of every fn(i) (i: input set index). Each fn becomes a CUDA graph
-    of enough back-to-back calls to last about `target_ms`; rounds replay every graph once, in alternating order."""
+    of enough back-to-back calls to last about `target_ms`; rounds replay every graph once, in alternating order.
+    graphs=False launches the calls themselves on the current stream instead (in a green context: a replayed
+    graph's kernels were seen, 2026-12-07 on an H200, to run on every SM whatever the stream's context)."""
     import torch
     if not fns:
         return {}
@@ -103,20 +105,23 @@ def time_interleaved(fns: Dict[str, Callable[[int], None]], nsets: int, *, round
     torch.cuda.synchronize()
     one = max(start.elapsed_time(end), 1e-3)
     reps = int(min(max_reps, max(nsets, math.ceil(target_ms / one / nsets) * nsets)))
-    graphs = {name: _graph(fn, reps, nsets) for name, fn in fns.items()}
-    names = list(graphs)
-    for name in names:  # one untimed replay each: clocks up, caches in their steady state
-        graphs[name].replay()
+    if graphs:
+        runs = {name: _graph(fn, reps, nsets).replay for name, fn in fns.items()}
+    else:
+        runs = {name: (lambda fn=fn: [fn(i % nsets) for i in range(reps)]) for name, fn in fns.items()}
+    names = list(runs)
+    for name in names:  # one untimed run each: clocks up, caches in their steady state
+        runs[name]()
     torch.cuda.synchronize()
     times: Dict[str, List[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             start.record()
-            graphs[name].replay()
+            runs[name]()
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) / reps)
-    del graphs
+    del runs
     return times
 
 

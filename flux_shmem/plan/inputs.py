@@ -77,6 +77,9 @@ def _choice(inp: PlanInputs, m: int, layout: str, sm_count: int, fused: bool) ->
 
 @functools.lru_cache(maxsize=4096)
 def _backend(inp: PlanInputs, m: int, layout: str) -> backends.Backend:
+    if inp.dtype == "e4m3" and (inp.n % 16 or inp.k % 16):
+        return backends.Backend(backends.OURS, f"torch._scaled_mm needs N and K multiples of 16 (N = {inp.n}, K = "
+                                               f"{inp.k}); ours takes N multiples of 8")
     return backends.choose(inp.records, m, layout, inp.sms, what=f"{inp.family} {inp.dtype} Mx{inp.n}x{inp.k}",
                            force=inp.plain_gemm)
 
