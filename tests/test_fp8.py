@@ -407,3 +407,26 @@ def test_tuner_takes_e4m3(monkeypatch, tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(FluxShmemError, match="CUDA device"):
             tune.tune_shape(1024, 1024, 1024, "e4m3", "nk", 132, write=False)
+
+
+def test_mixed_scale_kinds_gather_alike():
+    """Issue 37: PEs passing AllGatherGEMM different scale kinds (per-tensor on one, rowwise on another) once ran the
+    scale all-gather with different sizes (wrong scales, a peer's slot overwritten). Every PE now sends one scale per
+    shard row whatever its kind: the gathered sizes agree and each gathered row gets its own shard's scale."""
+    from types import SimpleNamespace
+    from flux_shmem.ops.ag_gemm import AllGatherGEMM
+    W, ms = 3, 10
+    kinds = [torch.tensor(0.5), torch.rand(ms) + 0.1, torch.rand(ms, 1) + 0.1]   # per-tensor, rowwise, rowwise [ms, 1]
+    sent = {}
+
+    def on_pe(pe):
+        def scale_ag(packed, copy=True):  # the all-gather as PE `pe` sees it: every PE's packed rows, PE order
+            sent[pe] = packed.clone()
+            return torch.cat([sent.get(q, packed) for q in range(W)])
+        return SimpleNamespace(rt=SimpleNamespace(world_size=W), scale_ag=scale_ag)
+    for pe in range(W):  # each PE sends (the size must not depend on its kind)
+        AllGatherGEMM.gather_scales(on_pe(pe), kinds[pe], ms)
+    assert len({tuple(t.shape) for t in sent.values()}) == 1        # one size on every PE
+    got = AllGatherGEMM.gather_scales(on_pe(0), kinds[0], ms)
+    want = torch.cat([kinds[0].expand(ms), kinds[1], kinds[2].reshape(-1)])
+    assert got.shape == (W * ms,) and torch.equal(got, want)

@@ -406,3 +406,23 @@ def test_plan_cache_size_from_the_environment(monkeypatch):
             cache.plan_cache_capacity()
     monkeypatch.delenv(cache.PLAN_CACHE_ENV)
     assert cache.plan_cache_capacity() == 256
+
+
+def test_engine_tables_are_bounded(monkeypatch):
+    """Issue 37: AllGather's and ReduceEngine's device tables are kept per call shape like the plans: the capacity
+    most recently used ones and the pinned ones (prepare, capture), not one for every M ever seen."""
+    from types import SimpleNamespace
+    from flux_shmem.ops import all_gather, reduce_scatter
+    monkeypatch.setattr(all_gather, "plan_tensors", lambda per_block, dev, multiple=1: ("tables", len(per_block)))
+    monkeypatch.setattr(reduce_scatter, "plan_tensors", lambda per_block, dev, multiple=1: ("tables", len(per_block)))
+    rt = SimpleNamespace(rank=0, world_size=2, node_size=2, device=0)
+    ag = SimpleNamespace(rt=rt, chunk_rows=64, _plans=cache.PlanCache(4))
+    all_gather.AllGather.plan(ag, 1000, 8, pin=True)
+    for rows in range(64, 64 * 30, 64):
+        all_gather.AllGather.plan(ag, rows, 8)
+    assert len(ag._plans) == 4 + 1 and ag._plans.pinned((1000, 8, 1))
+    eng = SimpleNamespace(rt=rt, unit_rows=8, tile_m=128, cols=1024, tile_n=256, tiles_n=4, cluster_m=2,
+                          _plans=cache.PlanCache(3))
+    for rows in range(256, 256 * 20, 256):
+        reduce_scatter.ReduceEngine.plan(eng, rows, 4, False)
+    assert len(eng._plans) == 3

@@ -21,7 +21,7 @@ from ..plan import costs
 from ..plan.cache import PLAN_CACHE_ENV, PlanCache, plan_cache_capacity
 from ..plan.call import CallPlan, plan_call
 from ..plan.inputs import MODES, PlanInputs
-from ._validate import SUPPORTED_DTYPES, check_dtype, check_tensor, not_capturing, positive
+from ._validate import SUPPORTED_DTYPES, capturing, check_dtype, check_tensor, not_capturing, positive
 
 
 def b_layout_of(b: torch.Tensor) -> str:
@@ -32,11 +32,6 @@ def b_layout_of(b: torch.Tensor) -> str:
         return "nk"
     raise ValueError("b must be row-major [K, N] or the transpose of a row-major [N, K] tensor (w.t()): pass "
                      "b.contiguous()")
-
-
-def capturing() -> bool:
-    """Whether the current stream captures a CUDA graph (False where torch has no CUDA)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 CHECK_PLANS_ENV = "FLUX_SHMEM_CHECK_PLANS"

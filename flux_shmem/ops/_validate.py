@@ -45,9 +45,14 @@ def positive(name: str, v: int) -> int:
     return int(v)
 
 
+def capturing() -> bool:
+    """Whether the current stream captures a CUDA graph (False where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def not_capturing(what: str) -> None:
     """Schedule tables are made and copied to the device on a shape's first call: not possible inside CUDA-graph
     capture, so say how to fix it instead of failing inside torch."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if capturing():
         raise RuntimeError(f"{what} runs for the first time inside CUDA-graph capture: call it once with the same "
                            "shapes before capturing (its schedule tables are made and uploaded on first use)")

@@ -13,7 +13,7 @@ from ..runtime import collective, pacing, signals, symmetric
 from ..runtime.state import get_runtime
 from ..plan.cache import PlanCache, plan_cache_capacity
 from ..plan.schedules import ag_ce_copies, ag_plan, plan_tensors
-from ._validate import check_dtype, check_tensor, not_capturing, positive
+from ._validate import capturing, check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)  # (the kernel moves bytes)
 
@@ -93,7 +93,7 @@ class AllGather:
             chunks = -(-rows // self.chunk_rows)
             tables = plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks),
                                   f"cuda:{rt.device}", multiple=cluster)
-        if pin or torch.cuda.is_current_stream_capturing():
+        if pin or capturing():
             self._plans.pin(key, tables)
         if not pin:
             self._plans.use(key, tables)

@@ -17,7 +17,7 @@ from ..runtime import collective, pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
 from ..plan.schedules import (default_unit_rows, plan_tensors, rs_completion, rs_max_units, rs_plan, rs_split_tail,
                         rs_tile_order, rs_units)
-from ._validate import check_dtype, check_tensor, not_capturing, positive
+from ._validate import capturing, check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -101,7 +101,7 @@ class ReduceEngine:
             main, tail_plan = rs_split_tail(per_block, completion, tail, units, max(1, tail_blocks))
             dev = f"cuda:{rt.device}"
             tables = (plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units)
-        if pin or torch.cuda.is_current_stream_capturing():
+        if pin or capturing():
             self._plans.pin(key, tables)
         if not pin:
             self._plans.use(key, tables)
