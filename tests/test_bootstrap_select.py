@@ -79,7 +79,8 @@ RUNTIME = {"topology": 0, "host": 0, "partition": 0, "stall": 0, "state": 1, "sm
 
 
 def imports_of(path: Path, package: str) -> set[str]:
-    """flux_shmem modules a file imports (relative or absolute, also inside functions), as dotted names."""
+    """flux_shmem modules a file imports (relative or absolute, also inside functions), as dotted names (for `from
+    pkg import x` both pkg and pkg.x: x may be a module)."""
     rel = path.relative_to(ROOT).with_suffix("").parts  # ('flux_shmem', 'runtime', 'signals')
     here = list(rel[:-1])  # the package a relative import starts from
     found = set()
@@ -88,9 +89,9 @@ def imports_of(path: Path, package: str) -> set[str]:
             if node.level:
                 base = here[:len(here) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
-                names = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+                names = ([mod] if node.module else []) + [f"{mod}.{a.name}" for a in node.names]
             else:
-                names = [node.module or ""]
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
             found |= {n for n in names if n.startswith(package)}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith(package)}

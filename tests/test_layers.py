@@ -3,9 +3,9 @@ layers go downward, errors <- kernels <- runtime <- plan <- ops <- nn, is tests/
 Python file under flux_shmem/ is over ~600 lines and no header under csrc/ over ~500."""
 from __future__ import annotations
 
-import ast
-import collections
 from pathlib import Path
+
+from test_bootstrap_select import imports_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "flux_shmem"
@@ -19,21 +19,7 @@ def modules() -> dict[str, Path]:
 
 def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
     """Module -> the package modules it imports (anywhere in it)."""
-    edges: dict[str, set[str]] = collections.defaultdict(set)
-    for name, path in mods.items():
-        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
-                    base = ".".join(up + ([node.module] if node.module else []))
-                for t in [base] + [f"{base}.{a.name}" for a in node.names]:
-                    if t in mods and t != name:
-                        edges[name].add(t)
-            elif isinstance(node, ast.Import):
-                edges[name].update(a.name for a in node.names if a.name in mods and a.name != name)
-    return edges
+    return {name: imports_of(path, "flux_shmem") & set(mods) - {name} for name, path in mods.items()}
 
 
 def test_no_import_cycle():

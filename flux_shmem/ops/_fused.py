@@ -219,17 +219,15 @@ class FusedGEMM:
         the same steps: the plan enters (or is touched in) the LRU, and inside a CUDA-graph capture it is pinned
         (the graph reads its tables). A capture cannot plan: a miss there raises, on every PE alike, naming
         prepare(). With FLUX_SHMEM_CHECK_PLANS=1 a plan's first call compares its digest across PEs."""
-        key = (m, layout)
-        plan = self._plans.peek(key)
-        if plan is None:
-            if capturing():
+        key, in_capture = (m, layout), capturing()
+
+        def make() -> CallPlan:
+            if in_capture:
                 raise RuntimeError(f"{type(self).__name__}: M = {m} ({layout}) has no plan inside this CUDA-graph "
                                    f"capture (a capture cannot plan): call op.prepare([{m}], layouts=('{layout}',)) "
                                    "on every PE before capturing")
-            plan = self._new_plan(m, layout)
-        self._plans.use(key, plan)
-        if capturing() and not self._plans.pinned(key):
-            self._plans.pin(key, plan)
+            return self._new_plan(m, layout)
+        plan = self._plans.entry(key, make, capturing=in_capture)
         if self.check_plans and key not in self._checked:
             self._check_plan(key, plan)
         return plan

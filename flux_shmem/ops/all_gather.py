@@ -85,19 +85,13 @@ class AllGather:
         """Device tables of `ag_plan` for shards of `rows` rows on `blocks` blocks (cached, bounded): (units,
         offsets, blocks that have work, rounded up to a multiple of `cluster`). pin: kept for the op's life
         (prepare; so are tables used inside a CUDA-graph capture)."""
-        key = (rows, blocks, cluster)
-        tables = self._plans.peek(key)
-        if tables is None:
+        def make():
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             chunks = -(-rows // self.chunk_rows)
-            tables = plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks),
-                                  f"cuda:{rt.device}", multiple=cluster)
-        if pin or capturing():
-            self._plans.pin(key, tables)
-        if not pin:
-            self._plans.use(key, tables)
-        return tables
+            return plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks), f"cuda:{rt.device}",
+                                multiple=cluster)
+        return self._plans.entry((rows, blocks, cluster), make, pin=pin, capturing=capturing())
 
     def peers(self) -> list[tuple[int, int]]:
         """(gather, ce_flags) addresses of every PE's buffers, for launch_ce (made once, before any capture)."""

@@ -86,10 +86,8 @@ class ReduceEngine:
         """Device tables of `rs_plan` for `rows` rows on `blocks` blocks, its units `group_tiles` N-tiles wide (None:
         whole rows) in the order a GEMM with `swizzle` completes them (cached), and of its tail (the last `tail`
         pieces that GEMM completes, on `tail_blocks` blocks; None without one): each (items, offsets, blocks that
-        have work); and the units."""
-        key = (rows, blocks, standalone, swizzle, group_tiles, tail, tail_blocks)
-        tables = self._plans.peek(key)
-        if tables is None:
+        have work); and the units. Bounded like the plans; pin: kept for the op's life (prepare, capture)."""
+        def make():
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             W, L = rt.world_size, rt.node_size
@@ -100,12 +98,9 @@ class ReduceEngine:
                                 completion=completion)
             main, tail_plan = rs_split_tail(per_block, completion, tail, units, max(1, tail_blocks))
             dev = f"cuda:{rt.device}"
-            tables = (plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units)
-        if pin or capturing():
-            self._plans.pin(key, tables)
-        if not pin:
-            self._plans.use(key, tables)
-        return tables
+            return plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units
+        key = (rows, blocks, standalone, swizzle, group_tiles, tail, tail_blocks)
+        return self._plans.entry(key, make, pin=pin, capturing=capturing())
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
                stream=None, blocks: int | None = None, swizzle: int = 1, group_tiles: int | None = None,

@@ -38,6 +38,18 @@ class PlanCache:
         while len(self._lru) > self.capacity:
             self._lru.popitem(last=False)
 
+    def entry(self, key, make, *, pin: bool = False, capturing: bool = False):
+        """The plan of `key`, `make()` where there is none: what a call (pin False: it enters the LRU), prepare
+        (pin True: pinned, the LRU as it is) and a call inside a capture (pinned too) use."""
+        plan = self.peek(key)
+        if plan is None:
+            plan = make()
+        if pin or capturing:
+            self.pin(key, plan)
+        if not pin:
+            self.use(key, plan)
+        return plan
+
     def __getitem__(self, key):
         plan = self.peek(key)
         if plan is None:
