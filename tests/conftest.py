@@ -1,5 +1,6 @@
 """Shared test set-up: a kernel cache per test session (unless FLUX_SHMEM_CACHE is set, e.g. to prebuilt kernels
-carried to a GPU machine), and the GPU marker's skip reason."""
+carried to a GPU machine), the kernel builds the collected tests need started in the background, and the GPU
+marker's skip reason."""
 from __future__ import annotations
 
 import os
@@ -36,7 +37,47 @@ def pytest_configure(config):
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 
+# Kernel builds the CPU tests need, by the test module that needs them, in the order the modules run: started in
+# one background thread when the session begins, so that nvcc (a few minutes of the suite's run on a 2-core CI
+# machine) overlaps the other tests. A test's own kb.build then waits on the artifact's lock and takes the cache
+# hit, or builds (and reports) it itself where the background build failed.
+BACKGROUND_BUILDS = (
+    ("test_build.py", "collectives", {}),
+    ("test_fp8.py", "ag_gemm", {"fp8": True, "config": "e4m3"}),
+    ("test_fp8.py", "gemm_rs", {"fp8": True, "config": "e4m3"}),
+    ("test_gemm_build.py", "ag_gemm", {}),
+    ("test_gemm_build.py", "gemm_rs", {}),
+    ("test_gemm_build.py", "gemm_rs", {"config": "128x128_c2x1_pp"}),
+)
+
+
+def start_background_builds(modules: set[str]) -> None:
+    if os.environ.get("FLUX_SHMEM_TEST_BACKGROUND_BUILDS", "1") == "0":
+        return
+    import threading
+    from flux_shmem.kernels import build as kb
+    from flux_shmem.kernels import registry
+    try:
+        kb.nvcc_path()
+    except Exception:  # noqa: BLE001 - no nvcc: the build tests say so themselves
+        return
+    todo = [(fam, kw) for mod, fam, kw in BACKGROUND_BUILDS if mod in modules]
+
+    def run():
+        for fam, kw in todo:
+            kw = dict(kw)
+            if kw.get("config") == "e4m3":
+                kw["config"] = registry.default_for("e4m3")
+            try:
+                kb.build(fam, "90a", **kw)
+            except Exception:  # noqa: BLE001 - the test that needs it builds it again and reports
+                pass
+    if todo:
+        threading.Thread(target=run, name="background kernel builds", daemon=True).start()
+
+
 def pytest_collection_modifyitems(config, items):
+    start_background_builds({Path(str(item.fspath)).name for item in items})
     reason = gpu_skip_reason()
     if reason is None:
         return

@@ -13,7 +13,8 @@ from flux_shmem.errors import SymmetricMismatchError
 from flux_shmem.kernels import backends
 from flux_shmem.plan import call
 from flux_shmem.runtime import symmetric
-from test_plan_agreement import _Host, inputs
+from flux_shmem.plan.offline import inputs
+from test_plan_agreement import _Host
 
 H100 = "NVIDIA H100 80GB HBM3"
 

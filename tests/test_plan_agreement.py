@@ -12,32 +12,12 @@ import dataclasses
 import pytest
 
 from flux_shmem.errors import SymmetricMismatchError
-from flux_shmem.kernels import registry
-from flux_shmem.plan import schedules as sch
 from flux_shmem.plan import costs
-from flux_shmem.plan import search
-from flux_shmem.plan import inputs as plan_inputs
 from flux_shmem.plan import call
+from flux_shmem.plan import offline
 from flux_shmem.runtime import symmetric
 
-FUSED = tuple(c for c in registry.names() if (registry.get(c).tile_m, registry.get(c).cluster_m) == (128, 2)
-              and not registry.get(c).pingpong)
-
-
-def inputs(family: str, world: int, node_size: int, n: int, k: int, max_m: int, **kw) -> plan_inputs.PlanInputs:
-    """What an op built with these arguments on one 132-SM GPU per PE agrees on (the op's own derivations)."""
-    base = dict(family=family, world=world, node_size=node_size, n=n, k=k, dtype="bf16", elem_bytes=2, mode="auto",
-                budget_sms=132, sms=132, cluster_m=2, links=costs.Links(), comm_blocks=None)
-    if family == "ag_gemm":
-        base.update(fused_configs=FUSED, plain_configs=None,
-                    engines=search.ag_engines(node_size == world, False, world),
-                    chunk_rows=sch.fused_chunk_rows(max_m // world, 2 * k, 128),
-                    decomposed_comm_blocks=max(search.AG_COMM_BLOCKS))
-    else:
-        base.update(fused_configs=(registry.DEFAULT,), plain_configs=(registry.DEFAULT,),
-                    unit_rows=sch.default_unit_rows(n, 2, 128), decomposed_comm_blocks=max(search.RS_COMM_BLOCKS))
-    base.update(kw)
-    return plan_inputs.PlanInputs(**base)
+inputs = offline.inputs  # (what an op built with these arguments on one 132-SM GPU per PE agrees on)
 
 
 def shared(plan: call.CallPlan) -> tuple:

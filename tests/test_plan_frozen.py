@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_plan_agreement import inputs  # noqa: E402
+from flux_shmem.plan.offline import inputs  # noqa: E402
 
 from flux_shmem.kernels import config as kconfig  # noqa: E402
 from flux_shmem.kernels import registry  # noqa: E402

@@ -7,6 +7,7 @@ reduce units, tail), as pure functions of inputs every PE agrees on.
     search      the simulator's choice of a split
     fast        the fast model's buckets of M and the GEMM in closed form; fast_ag / fast_rs: its two ops
     inputs      PlanInputs (agreed at construction) and the GEMM configuration per call shape
+    offline     PlanInputs without a GPU (as an op with given arguments would agree on them)
     call        per-M call plans (plan_call, plan_call_full)
     cache       an op's bounded plan cache with pinned plans
 

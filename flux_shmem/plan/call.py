@@ -11,7 +11,7 @@ from ..kernels import backends
 from ..kernels import config as kconfig
 from ..kernels import registry
 from . import fast, fast_ag, fast_rs, search
-from .inputs import PlanInputs, gemm_model
+from .inputs import PlanInputs, _choice, gemm_model
 from .simulate import Result
 
 # Mode 'auto' against what the model does not see. A call's host work bounds it from below: measured on an H100
@@ -170,6 +170,13 @@ def bucket_plan(inp: PlanInputs, bucket: fast.Bucket, config: str, layout: str) 
         return BucketPlan(bucket, inp.mode, sp, kind, r, f"mode={inp.mode}; {where}", short)
     path, why = auto_path(r, inp.backend(m, layout))
     return BucketPlan(bucket, path, sp, kind, r, f"{why}; {where}", short)
+
+
+def forget_decisions() -> None:
+    """Forget every cached planning decision of this process (the next plan_call decides as for a new bucket): what
+    benchmarks/plan_speed.py times and the planner's tests count."""
+    for f in (bucket_plan, _choice, plan_split, fast_rs.rs_last_wave, fast_rs.rs_geometry, fast_rs._reduced_geometry):
+        f.cache_clear()
 
 
 def bucket_for(inp: PlanInputs, m: int, config: str) -> fast.Bucket:
