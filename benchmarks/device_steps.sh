@@ -44,6 +44,7 @@
 #   autosweep2 / autosweep4  issue 36 with 2 / 4 PEs under MPS, links emulated (NVLink's 360 GB/s x the PE's SM
 #                   share): mode 'auto' against fused, decomposed and cuBLAS + our collective, M 64-16384 on six shard
 #                   shapes; fails where auto is more than 5% slower than the best
+#   moe1 / moe2 / moeput2  the MoE op checks (group moe: issue 38) with 1 PE, 2 PEs under MPS, 2 PEs forced puts
 #   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
 #                   FP8_FAMILY default both) vs torch._scaled_mm, records in $OUT/gemm_fp8.jsonl
 # Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
@@ -121,6 +122,10 @@ print(','.join(f'{m}x{n}x{k}' for n, k in nk for m in ms))")" --layouts nk --tun
     autosweep4) FLUX_SHMEM_LINK_GBPS=87.273 NVSHMEM_SYMMETRIC_SIZE=6G timeout "$T" bash $S mps checks 4 autosweep \
       | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     sweep2) timeout "$T" bash $S mps checks 2 sweep | grep -E "CHECK|Error|error|assert" ;;
+    moe1) timeout "$T" bash $S checks 1 moe | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
+    moe2) timeout "$T" bash $S mps checks 2 moe | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
+    moeput2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 moe | grep -E "CHECK|Error|error|assert"
+      echo "exit status ${PIPESTATUS[0]}" ;;
     fp8ops1) timeout "$T" bash $S checks 1 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8ops2) timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;

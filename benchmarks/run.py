@@ -119,7 +119,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "per-GPU shapes: tp-shard, tp-shard-quick (benchmarks/shapes.py)")
     p.add_argument("--ops", type=_ops_arg, default=list(_shapes.OPS), metavar="OP[,OP...]",
                    help=f"ops to run, from {','.join(_shapes.OPS)} (default: all); or `block` alone: the Llama TP "
-                        "block benchmark (benchmarks/llama_block.py, which takes its own options)")
+                        "block benchmark (benchmarks/llama_block.py, which takes its own options); or `moe` alone: "
+                        "the MoE layers (benchmarks/moe.py, its own options)")
     p.add_argument("--dtype", choices=sorted(_shapes.DTYPE_BYTES), default="bf16")
     p.add_argument("--iters", type=_positive_int, default=None,
                    help=f"timed iterations per configuration (default {DEFAULT_ITERS}, --quick {QUICK_ITERS})")
@@ -197,22 +198,28 @@ def no_gpu_reason() -> Optional[str]:
     return None
 
 
-def block_argv(argv: Sequence[str]) -> Optional[List[str]]:
-    """`--ops block` asks for the Llama TP block benchmark: its arguments (the rest), else None."""
+def block_argv(argv: Sequence[str], which: str = "block") -> Optional[List[str]]:
+    """`--ops block` (`which`) asks for the Llama TP block benchmark (`--ops moe`: the MoE one): its arguments
+    (the rest), else None."""
     for i, a in enumerate(argv):
-        if a == "--ops" and i + 1 < len(argv) and argv[i + 1] == "block":
+        if a == "--ops" and i + 1 < len(argv) and argv[i + 1] == which:
             return list(argv[:i]) + list(argv[i + 2:])
-        if a == "--ops=block":
+        if a == f"--ops={which}":
             return list(argv[:i]) + list(argv[i + 1:])
     return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the sweep; returns the process exit code (see module docstring)."""
-    rest = block_argv(sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest = block_argv(argv)
     if rest is not None:  # benchmarks/llama_block.py, with its own options
         from benchmarks import llama_block
         return llama_block.main(rest)
+    rest = block_argv(argv, "moe")
+    if rest is not None:  # benchmarks/moe.py, with its own options
+        from benchmarks import moe
+        return moe.main(rest)
     args = parse_args(argv)
     reason = no_gpu_reason()
     if reason is not None:

@@ -28,6 +28,7 @@ _LAZY = {
     "barrier": "runtime.signals", "SignalPool": "runtime.signals", "check_errors": "runtime.signals",
     "AllGather": "ops.all_gather", "ReduceScatter": "ops.reduce_scatter",
     "AllGatherGEMM": "ops.ag_gemm", "GEMMReduceScatter": "ops.gemm_rs",
+    "AllGatherGroupGEMM": "ops.moe", "GroupGEMMReduceScatter": "ops.moe",
 }
 
 _SUBMODULES = ("nn",)
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import nn
     from .ops.ag_gemm import AllGatherGEMM
     from .ops.gemm_rs import GEMMReduceScatter
+    from .ops.moe import AllGatherGroupGEMM, GroupGEMMReduceScatter
     from .runtime.bootstrap import finalize, init, session
     from .runtime.state import Runtime, get_runtime, is_initialized
     from .runtime.signals import SignalPool, barrier, check_errors

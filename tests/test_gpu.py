@@ -173,6 +173,13 @@ def test_every_m_and_small_m():
     assert_checks_passed(launch(2, "sweep", timeout=900))
 
 
+@pytest.mark.parametrize("np_,env", [(1, {}), (2, {}), (2, {"FLUX_SHMEM_FORCE_PUT": "1"})])
+def test_moe_ops(np_, env):
+    """Issue 38: AllGatherGroupGEMM and GroupGEMMReduceScatter against fp64 torch (balanced, skewed and empty-expert
+    routing, both layouts, a graph replay, bad ids raising on every PE; group moe)."""
+    assert_checks_passed(launch(np_, "moe", env=env))
+
+
 def test_two_level_path_on_one_host():
     """4 PEs as 2 'nodes' of 2: NVLink stores inside a node, puts and forwards between nodes, node partials."""
     assert_checks_passed(launch(4, "collectives", "gemm", env={"FLUX_SHMEM_NODE_SIZE": "2"}))

@@ -9,7 +9,8 @@ their communication hidden inside the GEMMs forward and backward, traceable by t
 
 layers.py: the modules; custom_ops.py: torch.ops.flux_shmem.ag_gemm / gemm_rs (fake kernels, autograd);
 backends.py: who runs the products (TorchBackend: torch.distributed + matmul) and the handle registry;
-fused.py: FusedBackend (flux_shmem's fused ops, sized for the largest M seen).
+fused.py: FusedBackend (flux_shmem's fused ops, sized for the largest M seen); moe.py: MoE (tensor-parallel
+experts over the MoE ops, autograd in eager mode).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from . import custom_ops  # noqa: F401  (registers torch.ops.flux_shmem.ag_gemm 
 from .backends import Backend, TorchBackend, lookup, register
 from .layers import ColumnParallelLinear, RowParallelLinear, default_backend
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Backend", "TorchBackend", "FusedBackend",
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "MoE", "Backend", "TorchBackend", "FusedBackend",
            "default_backend", "register", "lookup"]
 
 
@@ -27,8 +28,12 @@ def __getattr__(name: str):
     if name == "FusedBackend":  # imports the ops (CUDA-side modules) only when asked for
         from .fused import FusedBackend
         return FusedBackend
+    if name == "MoE":
+        from .moe import MoE
+        return MoE
     raise AttributeError(f"module 'flux_shmem.nn' has no attribute {name!r}")
 
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fused import FusedBackend
+    from .moe import MoE

@@ -2,6 +2,7 @@
 
     flux-launch -n 2 tests/gpu/checks.py runtime collectives      # named groups, or "all"
     flux-launch -n 2 tests/gpu/checks.py nn                       # flux_shmem.nn layers and the Llama block
+    flux-launch -n 2 tests/gpu/checks.py moe                      # the MoE ops (tests/gpu/moe_checks.py)
     torchrun --nproc-per-node 2 tests/gpu/checks.py nn            # the same, bootstrapped by torchrun
     FLUX_SHMEM_ON_TIMEOUT=raise flux-launch -n 1 tests/gpu/checks.py timeout_raise
     flux-launch -n 1 tests/gpu/checks.py timeout_trap                # expected to die with a report
@@ -1826,6 +1827,12 @@ def auto_vs_cublas_sweep(rt):
               f"world {W}", flush=True)
     assert not slow, f"{len(slow)} of {len(rows)} cases: auto more than {AUTO_SLACK}x the best path: " + \
         " | ".join(slow)
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe_checks  # noqa: E402 (group moe: the MoE ops, issue 38)
+
+CHECKS["moe"] = list(moe_checks.CHECKS)
 
 
 def plan_for(groups: list[str]) -> list:

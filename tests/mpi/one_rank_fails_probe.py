@@ -3,7 +3,10 @@ ones. Every rank must raise, within the runtime's timeout, an error naming the f
 construction's settings are checked on every PE before any GPU work: collective.all_or_none). Then a rank that
 never joins: the other must give up after the timeout instead of hanging. Prints one REPORT line per rank and case.
 
-    python3 tests/mpi/one_rank_fails_probe.py CASE...     CASE: plan_cache, gemm_config, start_event, lonely
+    python3 tests/mpi/one_rank_fails_probe.py CASE...     CASE: plan_cache, gemm_config, start_event, moe_topk,
+                                                                moe_experts, lonely
+moe_topk: the last rank asks AllGatherGroupGEMM for more experts per token than it has (a local check);
+moe_experts: it builds GroupGEMMReduceScatter for 9 experts, the others for 8 (the agreement's check).
 """
 import json
 import os
@@ -27,6 +30,7 @@ state.set_runtime(state.Runtime(host=MpiHost(comm), layout=Layout(rank, size, ra
                                 node_size=size, reachable=(True,) * size, force_put=False, timeout_s=TIMEOUT_S,
                                 trap_on_timeout=False, shares_gpu=True))
 import flux_shmem  # noqa: E402
+import flux_shmem.ops.gemm_rs, flux_shmem.ops.moe  # noqa: E401,E402,F401 (imported before the cases run)
 
 for case in sys.argv[1:]:
     comm.Barrier()
@@ -39,6 +43,12 @@ for case in sys.argv[1:]:
                 print("REPORT " + json.dumps(report), flush=True)
                 continue
             flux_shmem.GEMMReduceScatter(1024, 1024, 1024)
+        elif case in ("moe_topk", "moe_experts"):
+            last = rank == size - 1
+            if case == "moe_topk":
+                flux_shmem.AllGatherGroupGEMM(1024, 1024, 256, 8, 9 if last else 2)
+            else:
+                flux_shmem.GroupGEMMReduceScatter(1024, 1024, 256, 9 if last else 8, 2)
         else:
             var, value = BAD[case]
             if rank == size - 1:

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Tensor-parallel MoE layers (issue 38): our AllGatherGroupGEMM / GroupGEMMReduceScatter against torch's grouped
+GEMM with NCCL collectives and against a per-expert torch.matmul loop, per op and for the whole expert block.
+
+    flux-launch -n 2 benchmarks/moe.py                     # = benchmarks/run.py --ops moe
+    flux-launch -n 4 benchmarks/moe.py --models mixtral-8x7b --routing skewed --tokens 4096
+
+Per-GPU shapes of each model's expert layer at TP = world (every PE holds 1/world of each expert's intermediate
+size): mixtral-8x7b (hidden 4096, inter 14336, 8 experts, top-2), qwen3-30b-a3b (2048, 768, 128, top-8),
+deepseek-v3 (7168, 2048, 256 routed experts, top-8; its shared expert is a dense layer, not timed here).
+--tokens is the batch of every PE together (M). Routing: balanced (uniform logits) or skewed (half the experts
+four times as likely).
+
+Implementations (each checked first against an fp64 reference of the block on a sample of tokens):
+  flux       our ops (decomposed today: our AllGather / ReduceScatter, torch._grouped_mm, the fp32 combine)
+  torch      torch._grouped_mm with NCCL all_gather_into_tensor / reduce_scatter_tensor (needs one GPU per rank)
+  loop       a per-expert torch.matmul loop with the same NCCL collectives
+Where ranks share a GPU (MPS) NCCL cannot run: only flux is timed, the reason printed. Lines:
+  moe <op> <model> <routing> W=<w> M=<m>: flux X ms, torch+nccl Y ms, loop Z ms
+Exit codes: 0 ok, 1 a check failed, 2 bad arguments, 3 no GPU.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if __package__ in (None, ""):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+from typing import Optional, Sequence  # noqa: E402
+
+PROG = "benchmarks/moe.py"
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_NO_GPU = 0, 1, 2, 3
+TOL = 1e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEModel:
+    name: str
+    hidden: int
+    inter: int
+    experts: int
+    topk: int
+
+
+MODELS = {m.name: m for m in (MoEModel("mixtral-8x7b", 4096, 14336, 8, 2),
+                              MoEModel("qwen3-30b-a3b", 2048, 768, 128, 8),
+                              MoEModel("deepseek-v3", 7168, 2048, 256, 8))}
+ROUTINGS = ("balanced", "skewed")
+
+
+def _list_of(choices, what):
+    def parse(text: str) -> list:
+        items = [t for t in text.split(",") if t]
+        bad = [t for t in items if t not in choices]
+        if not items or bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {','.join(bad) or text!r}: choose from "
+                                             f"{','.join(choices)}")
+        return items
+    return parse
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=_list_of(tuple(MODELS), "model"), default=list(MODELS))
+    p.add_argument("--routing", type=_list_of(ROUTINGS, "routing"), default=list(ROUTINGS))
+    p.add_argument("--tokens", type=_positive, default=8192, help="M: every PE's tokens together (default 8192)")
+    p.add_argument("--iters", type=_positive, default=20)
+    p.add_argument("--warmup", type=_positive, default=5)
+    p.add_argument("--jsonl", help="one JSON object per result")
+    return p
+
+
+def shard_shapes(model: MoEModel, world: int, tokens: int) -> tuple[int, int]:
+    """(tokens per PE, intermediate size per PE); ValueError naming what does not divide."""
+    if model.inter % world:
+        raise ValueError(f"{model.name}: inter={model.inter} does not split over {world} PEs")
+    if tokens % world:
+        raise ValueError(f"--tokens {tokens} is not a multiple of the world size {world}")
+    if (model.inter // world) % 8:
+        raise ValueError(f"{model.name}: inter / world = {model.inter // world} is not a multiple of 8")
+    return tokens // world, model.inter // world
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        return EXIT_USAGE if e.code else EXIT_OK
+    import torch
+    if not torch.cuda.is_available():
+        if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))) == 0:
+            print(f"{PROG}: cannot run: no CUDA device visible (torch.cuda.is_available() is False); this "
+                  "benchmark needs NVIDIA Hopper GPUs (launch with `flux-launch -n N benchmarks/moe.py`)",
+                  file=sys.stderr, flush=True)
+        return EXIT_NO_GPU
+    return _run(args)
+
+
+# ----------------------------------------------------------------------------- GPU path
+def _run(args) -> int:
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import flux_shmem
+    from benchmarks import baselines
+    from benchmarks.timing import cuda_time
+    from flux_shmem.ops import moe as moe_ops
+    from flux_shmem.plan import moe as pmoe
+
+    comm = MPI.COMM_WORLD
+    rt = flux_shmem.init()
+    W, me = rt.world_size, rt.rank
+    dev = torch.device("cuda", rt.device)
+    nccl = None
+    if baselines.gpus_shared(comm):
+        nccl = "several ranks share one GPU (NCCL needs one GPU per rank): torch and loop not timed"
+    else:
+        baselines.init_torch_distributed(comm, me, W, rt.device)
+
+    def say(*a):
+        if me == 0:
+            print(*a, flush=True)
+
+    if nccl:
+        say(f"# {nccl}")
+    failed = 0
+    out_f = open(args.jsonl, "w") if args.jsonl and me == 0 else None
+    for name in args.models:
+        mdl = MODELS[name]
+        try:
+            m, inter = shard_shapes(mdl, W, args.tokens)
+        except ValueError as e:
+            say(f"moe {name}: skipped: {e}")
+            continue
+        H, E, K = mdl.hidden, mdl.experts, mdl.topk
+        g = torch.Generator(device=dev).manual_seed(1234)
+        w1 = (torch.randn(E, inter, H, generator=g, device=dev) * H ** -0.5).to(torch.bfloat16)
+        w2 = (torch.randn(E, H, inter, generator=g, device=dev) * inter ** -0.5).to(torch.bfloat16)
+        ag = flux_shmem.AllGatherGroupGEMM(W * m, H, inter, E, K)
+        rs = flux_shmem.GroupGEMMReduceScatter(W * m, H, inter, E, K)
+        for routing in args.routing:
+            gen = torch.Generator(device=dev).manual_seed(99 + me)
+            x = torch.randn(m, H, generator=gen, device=dev).to(torch.bfloat16)
+            logits = torch.randn(m, E, generator=gen, device=dev)
+            if routing == "skewed":
+                logits[:, : E // 2] += 1.386  # (x4 as likely)
+            top = torch.topk(logits, K, dim=1)
+            ids, wts = top.indices, torch.softmax(top.values, dim=1)
+
+            def flux_ag():
+                return ag(x, ids, w1, topk_weights=wts, check_ids=False)
+
+            y, r = flux_ag()
+            h = torch.nn.functional.silu(y.float()).to(torch.bfloat16)
+
+            def flux_rs():
+                return rs(h, w2, r)
+
+            def flux_block():
+                yy, rr = ag(x, ids, w1, topk_weights=wts, check_ids=False)
+                return rs(torch.nn.functional.silu(yy.float()).to(torch.bfloat16), w2, rr)
+
+            impls = {"ag": {"flux": flux_ag}, "rs": {"flux": flux_rs}, "block": {"flux": flux_block}}
+            if nccl is None:
+                xg = torch.empty(W * m, H, dtype=torch.bfloat16, device=dev)
+                rg = torch.empty(W * m, 2 * K, dtype=torch.int32, device=dev)
+                out_nccl = torch.empty(m, H, dtype=torch.bfloat16, device=dev)
+
+                def torch_ag(loop=False):
+                    dist.all_gather_into_tensor(xg, x)
+                    packed = torch.cat([ids.to(torch.int32), wts.view(torch.int32)], dim=1)
+                    dist.all_gather_into_tensor(rg, packed)
+                    rr = pmoe.route(rg[:, :K], E, rg[:, K:].contiguous().view(torch.float32))
+                    xs = xg.index_select(0, rr.rows)
+                    if not loop:
+                        return moe_ops.grouped_mm(xs, w1, rr.offs, "nk"), rr
+                    return _loop(xs, w1, rr), rr
+
+                def torch_rs(hh, rr, loop=False):
+                    part = _loop(hh, w2, rr) if loop else moe_ops.grouped_mm(hh, w2, rr.offs, "nk")
+                    dist.reduce_scatter_tensor(out_nccl, moe_ops.combine(part, rr, rr.weights))
+                    return out_nccl
+
+                impls["ag"].update(torch=lambda: torch_ag(), loop=lambda: torch_ag(True))
+                impls["rs"].update(torch=lambda: torch_rs(h, r), loop=lambda: torch_rs(h, r, True))
+                def torch_block(loop=False):
+                    yy, rr = torch_ag(loop)
+                    return torch_rs(torch.nn.functional.silu(yy.float()).to(torch.bfloat16), rr, loop)
+
+                impls["block"].update(torch=lambda: torch_block(), loop=lambda: torch_block(True))
+            # correctness: the block against fp64 on this PE's first 64 tokens
+            err = _check_block(comm, flux_block(), x, ids, wts, w1, w2, W, me, H, inter)
+            ok = err < TOL
+            failed += not ok
+            sync = (lambda: dist.barrier()) if nccl is None else (lambda: comm.Barrier())
+            times = {}
+            for op, fns in impls.items():
+                for impl, fn in fns.items():
+                    ms = cuda_time(lambda f=fn: f(), [()], warmup=args.warmup, iters=args.iters,
+                                   sync=sync, lead_us=0.0 if nccl is None else 200.0)
+                    med = statistics.median(ms)
+                    times[(op, impl)] = max(comm.allgather(med))  # the slowest PE's median
+            for op in impls:
+                parts = [f"{impl} {times[(op, impl)]:.3f} ms" for impl in impls[op]]
+                say(f"moe {op} {name} {routing} W={W} M={W * m}: " + ", ".join(parts) +
+                    ("" if ok else f"  CHECK FAILED (rel err {err:.2e})"))
+                if out_f:
+                    out_f.write(json.dumps(dict(op=op, model=name, routing=routing, world=W, tokens=W * m,
+                                                ms={impl: times[(op, impl)] for impl in impls[op]},
+                                                rel_err=err, ok=ok)) + "\n")
+    if out_f:
+        out_f.close()
+    flux_shmem.finalize()
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def _loop(a, w, rr):
+    """Per-expert torch.matmul over the grouped rows (the baseline without a grouped kernel)."""
+    import torch
+    out = a.new_empty(a.shape[0], w.shape[1])
+    lo = 0
+    for e, hi in enumerate(rr.offs.tolist()):
+        if hi > lo:
+            torch.matmul(a[lo:hi], w[e].t(), out=out[lo:hi])
+        lo = hi
+    return out
+
+
+def _check_block(comm, out, x, ids, wts, w1, w2, W, me, H, inter) -> float:
+    """Relative error of this PE's first 64 output rows against fp64 with the full weights (gathered by MPI)."""
+    import torch
+    n = min(64, x.shape[0])
+    full1 = torch.cat([torch.from_numpy(a) for a in comm.allgather(w1.float().cpu().numpy())], dim=1).double()
+    full2 = torch.cat([torch.from_numpy(a) for a in comm.allgather(w2.float().cpu().numpy())], dim=2).double()
+    xd, ref = x[:n].double().cpu(), torch.zeros(n, H, dtype=torch.float64)
+    for t in range(n):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            ref[t] += float(wts[t, j]) * (torch.nn.functional.silu(xd[t] @ full1[e].t()) @ full2[e].t())
+    got = out[:n].double().cpu()
+    return float((got - ref).norm() / ref.norm())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

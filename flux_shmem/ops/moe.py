@@ -1,0 +1,257 @@
+"""Mixture-of-experts ops for tensor-parallel experts (issue 38): every PE holds a shard of every expert's weights
+(the up projection split by columns, the down projection by rows) and the tokens are sharded by rows.
+
+    AllGatherGroupGEMM     y = grouped_mm(all_gather(x)[routing.rows], w1[e]) per expert e: [M * topk, inter]
+    GroupGEMMReduceScatter out = reduce_scatter(combine(grouped_mm(h, w2[e]), weights)): [M / world, hidden]
+
+The rows of y and h are the (token, slot) pairs grouped expert by expert (`plan.moe.route`); the first op returns
+that `Routing` and the second takes it back, so a Mixtral-style block is
+
+    y, r = ag(x, topk_ids, w_up, topk_weights=w)     # x: this PE's tokens, ids / weights: its router's top-k
+    out = rs(act(y), w_down, r)                      # this PE's tokens again
+
+What runs today is the decomposed path: our AllGather (tokens, and the ids with the weights in one small gather),
+torch's grouped GEMM (`torch._grouped_mm`, CUTLASS grouped kernels on sm90), the top-k combine in fp32, our
+ReduceScatter. The fused grouped kernel (tiles that wait only on the chunks they read: `plan.moe.tile_waits`) is
+the next step of issue 38; mode='fused' says so.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..plan import moe as pmoe
+from ..runtime import collective, symmetric
+from ..runtime.state import get_runtime
+from ._validate import check_tensor, positive
+from .all_gather import AllGather
+from .reduce_scatter import ReduceScatter
+
+DTYPES = (torch.bfloat16,)   # torch._grouped_mm's CUDA kernels take bf16 (fp8: torch._scaled_grouped_mm, next)
+LAYOUTS = ("nk", "kn")       # expert weights [E, N, K] (as nn.Linear stores them) or [E, K, N]
+MODES = ("auto", "decomposed", "fused")
+
+
+def grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, layout: str) -> torch.Tensor:
+    """a [R, K] (rows grouped by expert, expert e's ending at offs[e]) times each expert's weight -> [R, N]:
+    w [E, N, K] ('nk') or [E, K, N] ('kn')."""
+    b = w.transpose(-2, -1) if layout == "nk" else w
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+def combine(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor) -> torch.Tensor:
+    """Each token's sum over its topk grouped rows, weighted by the router ([M, topk] fp32), in fp32, in slot order
+    (deterministic: no atomics) -> [M, N] in partial's dtype."""
+    m, topk = routing.tokens, routing.topk
+    by_slot = partial.index_select(0, routing.inverse).view(m, topk, -1).float()
+    return torch.einsum("tjn,tj->tn", by_slot, weights.float()).to(partial.dtype)
+
+
+def _check_choice(name: str, v, allowed) -> None:
+    if v not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
+
+
+def _check_dtype(op: str, dtype: torch.dtype) -> None:
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise NotImplementedError(f"{op}: fp8 experts are not supported yet (issue 38: torch._scaled_grouped_mm "
+                                  "on the decomposed path comes next); pass bfloat16 activations and weights")
+    if dtype not in DTYPES:
+        raise TypeError(f"{op}: dtype {dtype} is not supported (torch's grouped GEMM takes bfloat16): cast to "
+                        "torch.bfloat16")
+
+
+class _MoEOp:
+    """Construction shared by both ops: local checks (every PE learns whether all passed), then agreement on the
+    arguments, then the collectives' own constructions."""
+
+    def __init__(self, op: str, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
+                 dtype: torch.dtype, layout: str, mode: str):
+        with collective.all_or_none(f"{op} construction"):  # an error on one PE reaches every PE
+            self.rt = get_runtime()
+            W = self.rt.world_size
+            self.max_m, self.hidden, self.inter = (positive(n, v) for n, v in
+                                                   (("max_m", max_m), ("hidden", hidden), ("inter", inter)))
+            self.num_experts, self.topk = positive("num_experts", num_experts), positive("topk", topk)
+            if topk > num_experts:
+                raise ValueError(f"topk={topk} exceeds num_experts={num_experts}: each token picks topk distinct "
+                                 "experts")
+            if max_m % W:
+                raise ValueError(f"max_m={max_m} must be a multiple of the world size {W} (every PE holds "
+                                 f"max_m / {W} tokens at most)")
+            _check_dtype(op, dtype)
+            for name, v in (("hidden", hidden), ("inter", inter)):
+                if v % 8:
+                    raise ValueError(f"{op}: {name}={v} must be a multiple of 8 (rows of 16 bytes for the grouped "
+                                     "GEMM's TMA loads): pad the weights")
+            _check_choice("layout", layout, LAYOUTS)
+            _check_choice("mode", mode, MODES)
+            if mode == "fused":
+                raise NotImplementedError(f"{op}(mode='fused'): the fused grouped kernel is not built yet (issue 38); "
+                                          "mode='auto' or 'decomposed' runs our collective beside torch's grouped "
+                                          "GEMM")
+            self.dtype, self.layout, self.mode = dtype, layout, mode
+        symmetric.agree(f"{op}(max_m, hidden, inter, num_experts, topk, dtype, layout, mode)",
+                        (max_m, hidden, inter, num_experts, topk, str(dtype), layout, mode))
+        self.shard_m = max_m // W
+        self.op = op
+
+    def weight_shape(self, n: int, k: int) -> tuple[int, int, int]:
+        return (self.num_experts, n, k) if self.layout == "nk" else (self.num_experts, k, n)
+
+    def check_weight(self, w: torch.Tensor, n: int, k: int) -> None:
+        check_tensor("w", w, dtype=self.dtype, device=self.rt.device, ndim=3)
+        if tuple(w.shape) != self.weight_shape(n, k):
+            raise ValueError(f"w has shape {tuple(w.shape)}; this {self.op} (layout={self.layout!r}) takes "
+                             f"{self.weight_shape(n, k)}: [experts, {'N, K' if self.layout == 'nk' else 'K, N'}]")
+
+    def check_bias(self, bias: Optional[torch.Tensor], shape: tuple) -> None:
+        if bias is not None:
+            check_tensor("bias", bias, dtype=self.dtype, device=self.rt.device, ndim=len(shape))
+            if tuple(bias.shape) != shape:
+                raise ValueError(f"bias has shape {tuple(bias.shape)}, expected {shape}")
+
+    def check_tokens(self, m: int) -> None:
+        if not 0 < m <= self.shard_m:
+            raise ValueError(f"this PE holds {m} tokens; the op takes 1..{self.shard_m} per PE (max_m={self.max_m} "
+                             f"over {self.rt.world_size} PEs): build it with a larger max_m")
+
+
+class AllGatherGroupGEMM(_MoEOp):
+    """y = grouped_mm(all_gather(x)[rows], w[e]): every PE's tokens gathered, each (token, slot) pair multiplied by
+    its expert's weight shard, rows grouped expert by expert (returned with the `Routing` that says where each
+    pair went). x [m, hidden] on every PE (m <= max_m / world, the same m on every PE), topk_ids [m, topk]
+    (int32/int64, each in [0, num_experts)), w [E, inter, hidden] ('nk') or [E, hidden, inter] ('kn') with inter
+    this PE's shard of the expert's intermediate size. topk_weights [m, topk] (float) travels with the ids for
+    GroupGEMMReduceScatter's combine. bias: [E, inter], per expert. Returns (y, routing), and with return_rows=True
+    also the grouped A rows [M * topk, hidden] (what the backward's weight gradient multiplies).
+
+    check_ids=True (default) checks the gathered ids on the host (one synchronisation; every PE sees the same ids,
+    so a bad id raises on every PE, naming the PE whose shard holds it); pass False to skip it, e.g. inside
+    CUDA-graph capture."""
+
+    def __init__(self, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
+                 dtype: torch.dtype = torch.bfloat16, *, layout: str = "nk", mode: str = "auto",
+                 comm_blocks: int = 16):
+        super().__init__("AllGatherGroupGEMM", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
+        W = self.rt.world_size
+        # ids (int32 bits) and weights (fp32) of a token in one row of 16-byte multiples: one small gather
+        self._route_cols = -(-2 * topk // 4) * 4
+        self.ag = AllGather(self.shard_m, hidden, dtype, comm_blocks=comm_blocks) if W > 1 else None
+        self.route_ag = AllGather(self.shard_m, self._route_cols, torch.float32, comm_blocks=min(comm_blocks, 4)) \
+            if W > 1 else None
+
+    def __repr__(self) -> str:
+        return (f"AllGatherGroupGEMM(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts="
+                f"{self.num_experts}, topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world="
+                f"{self.rt.world_size}; {self.path()})")
+
+    def path(self) -> str:
+        return ("decomposed: our AllGather of tokens and routing, then torch's grouped GEMM (the fused grouped "
+                "kernel is issue 38's next step)" if self.rt.world_size > 1 else
+                "one PE: torch's grouped GEMM, nothing to communicate")
+
+    def gather_routing(self, topk_ids: torch.Tensor, topk_weights: Optional[torch.Tensor]
+                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Every PE's ids (int64) and weights (fp32, or None), PE order."""
+        if self.route_ag is None:
+            return topk_ids.to(torch.int64), None if topk_weights is None else topk_weights.float()
+        m, k = topk_ids.shape
+        # (packed as int32 words, the weights' fp32 bits among them: only integer copies touch them, and the
+        # all-gather moves bytes)
+        packed = torch.zeros((m, self._route_cols), dtype=torch.int32, device=topk_ids.device)
+        packed[:, :k] = topk_ids
+        if topk_weights is not None:
+            packed[:, k:2 * k] = topk_weights.float().view(torch.int32)
+        got = self.route_ag(packed.view(torch.float32), copy=False).view(torch.int32)
+        ids = got[:, :k].to(torch.int64)
+        return ids, None if topk_weights is None else got[:, k:2 * k].contiguous().view(torch.float32)
+
+    def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, w: torch.Tensor, *,
+                 topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                 check_ids: bool = True, return_rows: bool = False):
+        rt = self.rt
+        check_tensor("x", x, dtype=self.dtype, device=rt.device)
+        m = x.shape[0]
+        self.check_tokens(m)
+        if x.shape[1] != self.hidden:
+            raise ValueError(f"x has {x.shape[1]} columns, the op was built for hidden={self.hidden}")
+        if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError("topk_ids must be an int32 or int64 tensor of expert ids (torch.topk(...).indices)")
+        if tuple(topk_ids.shape) != (m, self.topk) or topk_ids.device != x.device:
+            raise ValueError(f"topk_ids has shape {tuple(topk_ids.shape)} on {topk_ids.device}; expected "
+                             f"({m}, {self.topk}) on {x.device}: one row of topk expert ids per token of x")
+        if topk_weights is not None:
+            if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point() or \
+                    tuple(topk_weights.shape) != (m, self.topk) or topk_weights.device != x.device:
+                raise ValueError(f"topk_weights must be a float tensor of shape ({m}, {self.topk}) on {x.device}")
+        self.check_weight(w, self.inter, self.hidden)
+        self.check_bias(bias, (self.num_experts, self.inter))
+        ids, weights = self.gather_routing(topk_ids, topk_weights)
+        if check_ids:
+            pmoe.check_ids(ids, self.num_experts, m)
+        routing = pmoe.route(ids, self.num_experts, weights)
+        tokens = self.ag(x, copy=False) if self.ag is not None else x
+        rows = tokens.index_select(0, routing.rows)
+        y = grouped_mm(rows, w, routing.offs, self.layout)
+        if bias is not None:
+            y += bias.index_select(0, ids.reshape(-1).index_select(0, routing.perm))
+        return (y, routing, rows) if return_rows else (y, routing)
+
+
+class GroupGEMMReduceScatter(_MoEOp):
+    """out = reduce_scatter(sum_j weights[t, j] * (h @ w[e])[slot (t, j)]): each expert's rows of h times its
+    weight shard, each token's topk results combined with the router's weights (fp32), summed over PEs and
+    scattered by token rows: [m, hidden] on every PE, its own tokens. h [M * topk, inter] in `routing`'s grouped
+    order (AllGatherGroupGEMM's output after the activation), w [E, hidden, inter] ('nk') or [E, inter, hidden]
+    ('kn'); routing from AllGatherGroupGEMM (its weights, or topk_weights [M, topk] of every PE's tokens here).
+    bias [E, hidden], per expert (weighted like its expert's output, added once)."""
+
+    def __init__(self, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
+                 dtype: torch.dtype = torch.bfloat16, *, layout: str = "nk", mode: str = "auto",
+                 comm_blocks: int = 16):
+        super().__init__("GroupGEMMReduceScatter", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
+        self.rs = ReduceScatter(max_m, hidden, dtype, comm_blocks=comm_blocks) if self.rt.world_size > 1 else None
+
+    def __repr__(self) -> str:
+        return (f"GroupGEMMReduceScatter(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts="
+                f"{self.num_experts}, topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world="
+                f"{self.rt.world_size}; {self.path()})")
+
+    def path(self) -> str:
+        return ("decomposed: torch's grouped GEMM, the top-k combine in fp32, then our ReduceScatter (the fused "
+                "grouped kernel is issue 38's next step)" if self.rt.world_size > 1 else
+                "one PE: torch's grouped GEMM and the top-k combine, nothing to communicate")
+
+    def __call__(self, h: torch.Tensor, w: torch.Tensor, routing: pmoe.Routing, *,
+                 topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        rt = self.rt
+        W = rt.world_size
+        if not isinstance(routing, pmoe.Routing):
+            raise TypeError("routing must be the Routing that AllGatherGroupGEMM returned with its output")
+        if routing.num_experts != self.num_experts or routing.topk != self.topk:
+            raise ValueError(f"routing is for {routing.num_experts} experts, top-{routing.topk}; this op was built "
+                             f"for {self.num_experts}, top-{self.topk}")
+        M = routing.tokens
+        if M % W:
+            raise ValueError(f"routing holds {M} tokens, not a multiple of the world size {W}")
+        self.check_tokens(M // W)
+        check_tensor("h", h, dtype=self.dtype, device=rt.device)
+        if tuple(h.shape) != (M * self.topk, self.inter):
+            raise ValueError(f"h has shape {tuple(h.shape)}; expected ({M * self.topk}, {self.inter}): the grouped "
+                             "rows of AllGatherGroupGEMM's output (tokens x topk, this PE's inter shard)")
+        self.check_weight(w, self.hidden, self.inter)
+        self.check_bias(bias, (self.num_experts, self.hidden))
+        weights = topk_weights if topk_weights is not None else routing.weights
+        if weights is None:
+            raise ValueError("no combine weights: pass topk_weights to AllGatherGroupGEMM (they travel in the "
+                             f"routing) or topk_weights [{M}, {self.topk}] of every PE's tokens here")
+        if tuple(weights.shape) != (M, self.topk) or not weights.is_floating_point():
+            raise ValueError(f"topk_weights must be a float tensor of shape ({M}, {self.topk}): every PE's tokens, "
+                             "PE order")
+        partial = grouped_mm(h, w, routing.offs, self.layout)
+        if bias is not None and rt.rank == 0:  # (one PE adds the experts' biases: the sum over PEs has them once)
+            partial += bias.index_select(0, routing.ids.reshape(-1).index_select(0, routing.perm))
+        out = combine(partial, routing, weights)
+        return self.rs(out) if self.rs is not None else out

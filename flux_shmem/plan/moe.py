@@ -1,0 +1,128 @@
+"""Mixture-of-experts routing as the grouped ops walk it (issue 38).
+
+A token row t of the gathered A (every PE's shard, PE order) goes to the experts ids[t, 0..topk): its (token,
+slot) pairs, laid out expert by expert (stable: token order inside an expert), are the grouped GEMM's rows. Expert
+e owns rows [offs[e-1], offs[e]) (`torch._grouped_mm`'s cumulative ends); an expert without tokens owns none.
+
+`route` makes that layout from the ids with torch ops only (no host synchronisation, so a CUDA graph can capture
+it): the grouped row -> flat slot permutation, its inverse (the combine reads each token's topk results by it) and
+the offsets. The tile tables the fused kernel will walk (issue 38's grouped AllGather GEMM: tiles never cross an
+expert, each waits only on the all-gather chunks of the rows it reads) are mirrored here in numpy
+(`group_tiles`, `tile_waits`, `tile_order`) for the CPU tests and the planner.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """Where each (token, slot) pair of a gathered batch goes: the grouped GEMMs' row layout. Tensors on the
+    ops' device; made by `route` (AllGatherGroupGEMM returns it, GroupGEMMReduceScatter takes it back)."""
+
+    ids: torch.Tensor                 # [M, topk] int64: expert of each (token, slot), gathered rows (PE order)
+    weights: Optional[torch.Tensor]   # [M, topk] fp32: the router's combine weights (None: GroupGEMMReduceScatter
+    #                                   then needs them per call)
+    perm: torch.Tensor                # [M * topk] int64: the flat slot t * topk + j of each grouped row
+    inverse: torch.Tensor             # [M * topk] int64: the grouped row of each flat slot
+    offs: torch.Tensor                # [experts] int32: cumulative end row of each expert's rows
+    num_experts: int
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def topk(self) -> int:
+        return self.ids.shape[1]
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """[M * topk] int64: the gathered token row each grouped row reads."""
+        return self.perm // self.topk
+
+    def counts(self) -> torch.Tensor:
+        """[experts] int64: rows per expert (a device tensor; reading it on the host synchronises)."""
+        offs = self.offs.to(torch.int64)
+        return torch.diff(offs, prepend=offs.new_zeros(1))
+
+
+def route(ids: torch.Tensor, num_experts: int, weights: Optional[torch.Tensor] = None) -> Routing:
+    """The grouped layout of `ids` ([M, topk] integer expert ids, each in [0, num_experts): not checked here,
+    see `check_ids`). Stable: inside an expert, rows keep token order, then slot order."""
+    m, topk = ids.shape
+    flat = ids.reshape(-1).to(torch.int64)
+    # (stable sort by expert; a token's slots name distinct experts in top-k routing, but duplicates stay correct)
+    sorted_ids, perm = torch.sort(flat, stable=True)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    # offs[e] = rows with expert <= e, from the sorted ids (searchsorted: no host sync, unlike bincount on CUDA)
+    experts = torch.arange(num_experts, device=ids.device, dtype=torch.int64)
+    offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
+    return Routing(ids.to(torch.int64), None if weights is None else weights.to(torch.float32), perm, inverse, offs,
+                   num_experts)
+
+
+def check_ids(ids: torch.Tensor, num_experts: int, shard_rows: int) -> None:
+    """Raise naming the first bad id, its token row and the PE whose shard holds it, when any id is outside
+    [0, num_experts). On gathered ids every PE sees the same values, so every PE raises alike. Reads two scalars
+    on the host (a synchronisation: the ops skip it with check_ids=False, e.g. inside CUDA-graph capture)."""
+    bad = (ids < 0) | (ids >= num_experts)
+    if bool(bad.any()):
+        where = int(torch.nonzero(bad.reshape(-1))[0])
+        t, j = divmod(where, ids.shape[1])
+        raise ValueError(f"expert id {int(ids.reshape(-1)[where])} at token {t} slot {j} (PE {t // shard_rows}'s "
+                         f"shard row {t % shard_rows}) is outside [0, {num_experts}): the router's top-k ids must "
+                         f"index the {num_experts} experts the op was built for")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Reference layout and the fused kernel's tile tables (numpy mirrors)
+def grouped_rows(ids: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(perm, offs) of `route` in numpy: the flat slot of each grouped row and each expert's cumulative end."""
+    flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+    perm = np.argsort(flat, kind="stable")
+    offs = np.searchsorted(flat[perm], np.arange(num_experts), side="right")
+    return perm, offs
+
+
+def group_tiles(offs: Sequence[int], tile_m: int) -> np.ndarray:
+    """The grouped GEMM's M-tiles: [tiles, 3] (expert, first grouped row, rows), expert by expert, each expert's
+    rows cut into tiles of tile_m (its last tile shorter; an expert without rows has no tile), as CUTLASS's grouped
+    scheduler walks one problem per expert."""
+    ends = np.asarray(offs, dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    out = []
+    for e, (lo, hi) in enumerate(zip(starts, ends)):
+        for r in range(lo, hi, tile_m):
+            out.append((e, r, min(tile_m, hi - r)))
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def tile_waits(tiles: np.ndarray, token_rows: np.ndarray, shard_rows: int, chunk_rows: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """What each tile's TMA producer must wait for before loading its A rows: the all-gather chunks holding them,
+    as CSR (offsets [tiles + 1], chunk ids; a chunk id is pe * chunks_per_shard + chunk, the AllGather's flag
+    index), each tile's chunks distinct and ascending. token_rows: the gathered token row of each grouped row."""
+    per_shard = -(-shard_rows // chunk_rows)
+    offsets, chunks = [0], []
+    for _, r0, n in tiles:
+        t = token_rows[r0:r0 + n]
+        mine = np.unique((t // shard_rows) * per_shard + (t % shard_rows) // chunk_rows)
+        chunks.append(mine)
+        offsets.append(offsets[-1] + len(mine))
+    return np.array(offsets, dtype=np.int64), (np.concatenate(chunks) if chunks else np.zeros(0, np.int64))
+
+
+def tile_order(offsets: np.ndarray, chunks: np.ndarray, pe: int, world: int, per_shard: int) -> np.ndarray:
+    """The order PE `pe` visits the tiles in: by the arrival rank of the last chunk each waits on (its own shard
+    first, then the peers pe + 1, pe + 2, ... as the ring-ordered all-gather delivers them; chunk by chunk inside a
+    shard), ties in tile order. A tile whose rows are all local needs no wait and goes first."""
+    src = chunks // per_shard
+    rank = ((src - pe) % world) * per_shard + chunks % per_shard
+    last = np.array([rank[a:b].max() if b > a else -1 for a, b in zip(offsets[:-1], offsets[1:])], dtype=np.int64)
+    return np.argsort(last, kind="stable")

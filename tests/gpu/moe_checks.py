@@ -1,0 +1,221 @@
+"""GPU checks of the MoE ops (issue 38), group "moe" of tests/gpu/checks.py (which registers CHECKS below):
+
+    flux-launch -n 2 tests/gpu/checks.py moe
+
+Tensor-parallel experts: every PE builds every PE's tokens, router output and the full expert weights from shared
+seeds, runs the ops on its own tokens and weight shards, and compares its output rows with an fp64 torch
+reference of the whole block (up projection, SiLU, down projection, top-k combine), outputs and the gather
+buffer poisoned first. Balanced, skewed and empty-expert routing, both weight layouts, a CUDA-graph replay, and
+bad ids raising on every PE, and flux_shmem.nn.MoE's gradients.
+"""
+from __future__ import annotations
+
+import torch
+
+import flux_shmem
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def routing_inputs(rt, m: int, experts: int, topk: int, kind: str, seed: int):
+    """Every PE's (tokens are built by the caller) top-k ids [m, topk] and softmax weights, identical on all PEs:
+    'balanced', 'skewed' (most tokens to experts 0 and 1) or 'empty' (experts 1 and E - 1 never chosen)."""
+    ids, wts = [], []
+    for pe in range(rt.world_size):
+        logits = torch.randn(m, experts, generator=_gen(seed * 100 + pe), device="cuda")
+        if kind == "skewed":
+            logits[:, :2] += 4.0
+        if kind == "empty":
+            logits[:, [1, experts - 1]] = -1e9
+        top = torch.topk(logits, topk, dim=1)
+        ids.append(top.indices)
+        wts.append(torch.softmax(top.values, dim=1))
+    return ids, wts
+
+
+def expert_weights(experts: int, n: int, k: int, layout: str, seed: int) -> torch.Tensor:
+    """Full weights [E, n, k] ('nk') or [E, k, n] ('kn'), bf16, identical on every PE."""
+    w = (torch.randn(experts, n, k, generator=_gen(seed), device="cuda") * k ** -0.5).to(torch.bfloat16)
+    return w if layout == "nk" else w.transpose(1, 2).contiguous()
+
+
+def shard(w: torch.Tensor, layout: str, dim_of_nk: int, pe: int, world: int) -> torch.Tensor:
+    """PE pe's slice of w along the nk dimension `dim_of_nk` (1: N, 2: K), contiguous, in w's layout."""
+    d = dim_of_nk if layout == "nk" else 3 - dim_of_nk
+    size = w.shape[d] // world
+    return w.narrow(d, pe * size, size).contiguous()
+
+
+def reference(x, ids, wts, w1, w2, layout):
+    """fp64 over every token: sum_j wts[t, j] * silu(x[t] @ W1[e]^T) @ W2[e]^T, W as [E, N, K]."""
+    if layout == "kn":
+        w1, w2 = w1.transpose(1, 2), w2.transpose(1, 2)
+    x, w1, w2 = x.double(), w1.double(), w2.double()
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64, device=x.device)
+    for e in range(w1.shape[0]):
+        t, j = torch.nonzero(ids == e, as_tuple=True)
+        if len(t):
+            h = torch.nn.functional.silu(x[t] @ w1[e].t()) @ w2[e].t()
+            out.index_add_(0, t, h * wts[t, j].double()[:, None])
+    return out
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return float("inf") if not torch.isfinite(out).all() else ((out - ref).norm() / ref.norm()).item()
+
+
+def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=None):
+    """One check of the block at these sizes; returns (ag, rs) for reuse."""
+    W, me = rt.world_size, rt.rank
+    if inter % W:
+        raise ValueError(f"inter={inter} must split over {W} PEs")
+    xs = [torch.randn(m, hidden, generator=_gen(seed * 1000 + pe), device="cuda").to(torch.bfloat16)
+          for pe in range(W)]
+    ids, wts = routing_inputs(rt, m, experts, topk, kind, seed)
+    w1 = expert_weights(experts, inter, hidden, layout, seed + 1)   # up: [E, inter, hidden] (nk)
+    w2 = expert_weights(experts, hidden, inter, layout, seed + 2)   # down: [E, hidden, inter] (nk)
+    ag = ag or flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk, layout=layout)
+    rs = rs or flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk, layout=layout)
+    if ag.ag is not None:
+        ag.ag.gather.fill_(float("nan"))
+    y, r = ag(xs[me], ids[me], shard(w1, layout, 1, me, W), topk_weights=wts[me])
+    out = rs(torch.nn.functional.silu(y.float()).to(torch.bfloat16), shard(w2, layout, 2, me, W), r)
+    ref = reference(torch.cat(xs), torch.cat(ids), torch.cat(wts), w1, w2, layout)[me * m:(me + 1) * m]
+    err = rel_err(out, ref)
+    assert out.shape == (m, hidden) and err < 1e-2, (kind, layout, m, err)
+    counts = r.counts().tolist()
+    if kind == "empty":
+        assert counts[1] == 0 and counts[-1] == 0, counts
+    assert sum(counts) == W * m * topk, counts
+    return ag, rs
+
+
+def moe_block_matches_fp64(rt):
+    """Both ops, Mixtral-like proportions (8 experts, top-2) and a wide one (64 experts, top-8), both layouts, every
+    routing kind, two M (the second reusing the ops)."""
+    for layout in ("nk", "kn"):
+        for kind in ("balanced", "skewed", "empty"):
+            ag, rs = block(rt, 96, 256, 512, 8, 2, layout, kind, 1)
+            block(rt, 40, 256, 512, 8, 2, layout, kind, 2, ag, rs)
+    block(rt, 64, 128, 256, 64, 8, "nk", "balanced", 3)
+
+
+def moe_graph_replays(rt):
+    """Both ops captured once in a CUDA graph (check_ids=False: no host sync), replayed on fresh tokens and
+    routing copied into the captured inputs."""
+    W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 64, 128, 256, 8, 2
+    w1 = expert_weights(experts, inter, hidden, "nk", 11)
+    w2 = expert_weights(experts, hidden, inter, "nk", 12)
+    w1s, w2s = shard(w1, "nk", 1, me, W), shard(w2, "nk", 2, me, W)
+    ag = flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk)
+    rs = flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk)
+    x = torch.empty(m, hidden, device="cuda", dtype=torch.bfloat16)
+    ids = torch.zeros(m, topk, device="cuda", dtype=torch.int64)
+    wts = torch.zeros(m, topk, device="cuda")
+
+    def step():
+        y, r = ag(x, ids, w1s, topk_weights=wts, check_ids=False)
+        return rs(torch.nn.functional.silu(y.float()).to(torch.bfloat16), w2s, r)
+
+    def load(seed):
+        xs = [torch.randn(m, hidden, generator=_gen(seed * 1000 + pe), device="cuda").to(torch.bfloat16)
+              for pe in range(W)]
+        i, w = routing_inputs(rt, m, experts, topk, "skewed" if seed % 2 else "balanced", seed)
+        x.copy_(xs[me]), ids.copy_(i[me]), wts.copy_(w[me])
+        return reference(torch.cat(xs), torch.cat(i), torch.cat(w), w1, w2, "nk")[me * m:(me + 1) * m]
+
+    load(20)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    for seed in (21, 22, 23):
+        ref = load(seed)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        err = rel_err(out, ref)
+        assert err < 1e-2, (seed, err)
+
+
+def moe_bad_ids_raise_on_every_pe(rt):
+    """The last PE's router names expert E: every PE raises, naming that PE (the ids are gathered first, so all
+    PEs check the same values), and the ops work again afterwards."""
+    W, me, m, experts, topk = rt.world_size, rt.rank, 32, 8, 2
+    ag = flux_shmem.AllGatherGroupGEMM(W * m, 128, 64, experts, topk)
+    x = torch.randn(m, 128, device="cuda").to(torch.bfloat16)
+    w1 = torch.randn(experts, 64, 128, device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, experts, (m, topk), device="cuda")
+    bad = ids.clone()
+    if me == W - 1:
+        bad[5, 1] = experts
+    try:
+        ag(x, bad, w1)
+    except ValueError as e:
+        assert f"expert id {experts} at token {(W - 1) * m + 5} slot 1 (PE {W - 1}'s shard row 5)" in str(e), e
+    else:
+        raise AssertionError("no error for an expert id out of range")
+    y, _ = ag(x, ids, w1)
+    assert torch.isfinite(y.float()).all()
+
+
+def moe_layer_gradients(rt):
+    """flux_shmem.nn.MoE forward and backward against an fp64 autograd reference of the whole block: the output
+    and x's gradient (this PE's tokens), each weight shard's gradient, and the router's (summed over PEs: each PE's
+    is its own tokens' part)."""
+    from flux_shmem.nn.moe import MoE
+    W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 48, 128, 256, 8, 2
+    Is = inter // W
+    block = MoE(hidden, inter, experts, topk, max_tokens=W * m)
+    g0 = _gen(77)
+    wr = torch.randn(experts, hidden, generator=g0, device="cuda") * 0.3
+    gate = torch.randn(experts, inter, hidden, generator=g0, device="cuda") * hidden ** -0.5
+    up = torch.randn(experts, inter, hidden, generator=g0, device="cuda") * hidden ** -0.5
+    down = torch.randn(experts, hidden, inter, generator=g0, device="cuda") * inter ** -0.5
+    mine = slice(me * Is, (me + 1) * Is)
+    with torch.no_grad():
+        block.router.weight.copy_(wr)
+        block.w_gate_up.copy_(torch.cat([gate[:, mine], up[:, mine]], dim=1))
+        block.w_down.copy_(down[:, :, mine])
+    xs = [torch.randn(m, hidden, generator=_gen(300 + pe), device="cuda").to(torch.bfloat16) for pe in range(W)]
+    gs = [torch.randn(m, hidden, generator=_gen(400 + pe), device="cuda").to(torch.bfloat16) for pe in range(W)]
+    x = xs[me].clone().requires_grad_()
+    out = block(x)
+    out.backward(gs[me])
+    # the reference over every PE's tokens, with the experts each PE's router chose (bf16 logits can flip
+    # near-ties against fp64's)
+    ids = torch.cat([block.route(t)[0] for t in xs])
+    ref_p = {k: v.detach().double().requires_grad_() for k, v in
+             dict(wr=block.router.weight.float(), gate=gate.to(torch.bfloat16).float(),
+                  up=up.to(torch.bfloat16).float(), down=down.to(torch.bfloat16).float()).items()}
+    xd = torch.cat(xs).double().requires_grad_()
+    probs = torch.softmax(xd @ ref_p["wr"].t(), dim=-1)
+    wts = probs.gather(1, ids)
+    wts = wts / wts.sum(-1, keepdim=True)
+    ref = torch.zeros(W * m, hidden, dtype=torch.float64, device="cuda")
+    for e in range(experts):
+        t, j = torch.nonzero(ids == e, as_tuple=True)
+        if len(t):
+            h = torch.nn.functional.silu(xd[t] @ ref_p["gate"][e].t()) * (xd[t] @ ref_p["up"][e].t())
+            ref = ref.index_add(0, t, (h @ ref_p["down"][e].t()) * wts[t, j][:, None])
+    ref.backward(torch.cat(gs).double())
+    rows = slice(me * m, (me + 1) * m)
+    router_sum = sum(torch.from_numpy(a) for a in rt.host.allgather(block.router.weight.grad.float().cpu().numpy()))
+    pairs = {"out": (out, ref[rows]), "x": (x.grad, xd.grad[rows]),
+             "w_gate_up": (block.w_gate_up.grad, torch.cat([ref_p["gate"].grad[:, mine], ref_p["up"].grad[:, mine]], 1)),
+             "w_down": (block.w_down.grad, ref_p["down"].grad[:, :, mine]),
+             "router": (router_sum.cuda(), ref_p["wr"].grad)}
+    for name, (got, want) in pairs.items():
+        err = rel_err(got.detach(), want.detach())
+        assert err < 3e-2, (name, err)
+
+
+CHECKS = [moe_block_matches_fp64, moe_graph_replays, moe_bad_ids_raise_on_every_pe, moe_layer_gradients]
