@@ -300,3 +300,57 @@ def test_routing_travels_bit_exact_in_one_gather(one_pe):
     assert torch.equal(got_w[:8].view(torch.int32), wts.view(torch.int32))      # bit for bit
     assert torch.equal(got_w[8:], torch.full((8, 3), 0.25))
     assert len(seen) == 1
+
+
+def test_nn_moe_compiles_fullgraph_and_its_ops_pass_opcheck(one_pe):
+    """torch.compile(fullgraph=True) of the block (dynamo and AOTAutograd over the custom ops' fake kernels): one
+    forward and one backward graph, each op once, the compiled output and gradients equal to eager; opcheck of
+    the four custom ops (fake kernels, schema, autograd registration)."""
+    from flux_shmem.nn.moe import MoE
+    torch.manual_seed(9)
+    m, hidden, inter, experts, topk = 32, 64, 32, 8, 2
+    block = MoE(hidden, inter, experts, topk, max_tokens=m, device="cpu", check_ids=False)
+    x0 = torch.randn(m, hidden).to(torch.bfloat16)
+    g = torch.randn(m, hidden).to(torch.bfloat16)
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def keep(gr, _):
+            graphs.append(gr)
+            return make_boxed_func(gr)
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+
+    compiled = torch.compile(block, fullgraph=True, backend=recording_backend)
+    outs = []
+    for fn in (block, compiled):
+        block.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        y = fn(x)
+        y.backward(g)
+        outs.append((y.detach(), x.grad, [p.grad.clone() for p in block.parameters()]))
+    (y0, gx0, p0), (y1, gx1, p1) = outs
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and all(torch.equal(a, b) for a, b in zip(p0, p1))
+    fw, bw = graphs
+    ops_of = [[str(n.target) for n in gr.graph.nodes if n.op == "call_function"] for gr in (fw, bw)]
+    assert ops_of[0].count("flux_shmem.moe_up.default") == 1 and ops_of[0].count("flux_shmem.moe_down.default") == 1
+    assert ops_of[1].count("flux_shmem.moe_up_backward.default") == 1
+    assert ops_of[1].count("flux_shmem.moe_down_backward.default") == 1
+    # opcheck on real inputs of each op
+    x = x0.clone().requires_grad_()
+    ids, weights = block.route(x.detach())
+    w1, w2 = block.w_gate_up.detach().requires_grad_(), block.w_down.detach().requires_grad_()
+    h = block._handle
+    up_args = (x, w1, ids, weights.detach(), h, 1, experts, False)
+    torch.library.opcheck(torch.ops.flux_shmem.moe_up.default, up_args)
+    y, perm, inverse, offs, all_ids, all_w, xs = torch.ops.flux_shmem.moe_up(*up_args)
+    hh = y.detach()[:, :inter].contiguous().requires_grad_()
+    down_args = (hh, w2, weights.detach().requires_grad_(), perm, inverse, offs, all_ids, all_w, h, 1)
+    torch.library.opcheck(torch.ops.flux_shmem.moe_down.default, down_args)
+    torch.library.opcheck(torch.ops.flux_shmem.moe_up_backward.default,
+                          (y.detach(), w1.detach(), xs.detach(), inverse, offs, h, 1, topk))
+    out, partial = torch.ops.flux_shmem.moe_down(*down_args)
+    torch.library.opcheck(torch.ops.flux_shmem.moe_down_backward.default,
+                          (g, hh.detach(), w2.detach(), partial.detach(), perm, inverse, offs, all_w.detach(), h, 1, topk))

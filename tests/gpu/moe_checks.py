@@ -170,7 +170,7 @@ def moe_bad_ids_raise_on_every_pe(rt):
 def moe_layer_gradients(rt):
     """flux_shmem.nn.MoE forward and backward against an fp64 autograd reference of the whole block: the output
     and x's gradient (this PE's tokens), each weight shard's gradient, and the router's (summed over PEs: each PE's
-    is its own tokens' part)."""
+    is its own tokens' part); then torch.compile(fullgraph=True) of the module against eager."""
     from flux_shmem.nn.moe import MoE
     W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 48, 128, 256, 8, 2
     Is = inter // W
@@ -216,6 +216,15 @@ def moe_layer_gradients(rt):
     for name, (got, want) in pairs.items():
         err = rel_err(got.detach(), want.detach())
         assert err < 3e-2, (name, err)
+    # torch.compile(fullgraph=True): the same output and gradients as eager
+    eager = (out.detach(), x.grad.clone(), block.w_gate_up.grad.clone(), block.w_down.grad.clone())
+    block.zero_grad(set_to_none=True)
+    xc = xs[me].clone().requires_grad_()
+    outc = torch.compile(block, fullgraph=True)(xc)
+    outc.backward(gs[me])
+    for name, a, b in zip(("out", "x", "w_gate_up", "w_down"), eager,
+                          (outc.detach(), xc.grad, block.w_gate_up.grad, block.w_down.grad)):
+        assert rel_err(b, a) < 1e-3, (name, rel_err(b, a))
 
 
 CHECKS = [moe_block_matches_fp64, moe_graph_replays, moe_bad_ids_raise_on_every_pe, moe_layer_gradients]
