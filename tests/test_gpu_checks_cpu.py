@@ -61,9 +61,11 @@ def checks(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_checks", ROOT / "tests/gpu/checks.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.DEVICE = "cpu"
-    mod.NN_DTYPES = (torch.bfloat16,)  # bf16/fp16 matmuls are slow on this CPU: one dtype, smaller first shape
-    mod.NN_LAYER_SHAPES = [(32, 2, 128, 128)] + mod.NN_LAYER_SHAPES[1:]
+    import nn_checks  # (tests/gpu is on sys.path now: the checks module put it there)
+    monkeypatch.setattr(nn_checks, "DEVICE", "cpu")
+    monkeypatch.setattr(nn_checks, "NN_DTYPES", (torch.bfloat16,))  # bf16/fp16 matmuls are slow on this CPU: one
+    monkeypatch.setattr(nn_checks, "NN_LAYER_SHAPES",                # dtype, a smaller first shape
+                        [(32, 2, 128, 128)] + nn_checks.NN_LAYER_SHAPES[1:])
     import flux_shmem.ops.ag_gemm as ag_mod
     import flux_shmem.ops.gemm_rs as rs_mod
     from flux_shmem.nn import layers

@@ -1,4 +1,4 @@
-"""GPU checks of the MoE ops (issue 38), group "moe" of tests/gpu/checks.py (which registers CHECKS below):
+"""GPU checks, group moe: the MoE ops (issue 38)
 
     flux-launch -n 2 tests/gpu/checks.py moe
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 import flux_shmem
+from common import check, rel_err
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -62,11 +63,6 @@ def reference(x, ids, wts, w1, w2, layout):
     return out
 
 
-def rel_err(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    return float("inf") if not torch.isfinite(out).all() else ((out - ref).norm() / ref.norm()).item()
-
-
 def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=None):
     """One check of the block at these sizes; returns (ag, rs) for reuse."""
     W, me = rt.world_size, rt.rank
@@ -93,6 +89,7 @@ def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=N
     return ag, rs
 
 
+@check("moe")
 def moe_block_matches_fp64(rt):
     """Both ops, Mixtral-like proportions (8 experts, top-2) and a wide one (64 experts, top-8), both layouts, every
     routing kind, two M (the second reusing the ops)."""
@@ -103,6 +100,7 @@ def moe_block_matches_fp64(rt):
     block(rt, 64, 128, 256, 64, 8, "nk", "balanced", 3)
 
 
+@check("moe")
 def moe_graph_replays(rt):
     """Both ops captured once in a CUDA graph (check_ids=False: no host sync), replayed on fresh tokens and
     routing copied into the captured inputs."""
@@ -146,6 +144,7 @@ def moe_graph_replays(rt):
         assert err < 1e-2, (seed, err)
 
 
+@check("moe")
 def moe_bad_ids_raise_on_every_pe(rt):
     """The last PE's router names expert E: every PE raises, naming that PE (the ids are gathered first, so all
     PEs check the same values), and the ops work again afterwards."""
@@ -167,6 +166,7 @@ def moe_bad_ids_raise_on_every_pe(rt):
     assert torch.isfinite(y.float()).all()
 
 
+@check("moe")
 def moe_layer_gradients(rt):
     """flux_shmem.nn.MoE forward and backward against an fp64 autograd reference of the whole block: the output
     and x's gradient (this PE's tokens), each weight shard's gradient, and the router's (summed over PEs: each PE's
@@ -226,5 +226,3 @@ def moe_layer_gradients(rt):
                           (outc.detach(), xc.grad, block.w_gate_up.grad, block.w_down.grad)):
         assert rel_err(b, a) < 1e-3, (name, rel_err(b, a))
 
-
-CHECKS = [moe_block_matches_fp64, moe_graph_replays, moe_bad_ids_raise_on_every_pe, moe_layer_gradients]

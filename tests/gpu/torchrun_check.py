@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checks  # noqa: E402  (puts the repository root on sys.path too)
+import nn_checks  # noqa: E402
 import flux_shmem  # noqa: E402
 
 
@@ -26,9 +27,9 @@ def fixed_step(rt) -> dict:
     """The small Llama block, fused ops, fixed seeds: output, input gradient and every parameter gradient."""
     import flux_shmem.nn as fnn
     from benchmarks.llama_block import seq_shard
-    cfg = checks.small_block(rt)
-    x, gy, ref = checks.block_case(rt, cfg, 77)
-    blk = checks.tp_block(rt, cfg, fnn.FusedBackend(mode="fused"), ref)
+    cfg = nn_checks.small_block(rt)
+    x, gy, ref = nn_checks.block_case(rt, cfg, 77)
+    blk = nn_checks.tp_block(rt, cfg, fnn.FusedBackend(mode="fused"), ref)
     xs = seq_shard(x, rt.rank, rt.world_size).clone().requires_grad_(True)
     y = blk(xs)
     y.backward(seq_shard(gy, rt.rank, rt.world_size))
