@@ -17,6 +17,8 @@ Implementations (each checked first against an fp64 reference of the block on a 
   loop       a per-expert torch.matmul loop with the same NCCL collectives
 Where ranks share a GPU (MPS) NCCL cannot run: only flux is timed, the reason printed. Lines:
   moe <op> <model> <routing> W=<w> M=<m>: flux X ms, torch+nccl Y ms, loop Z ms
+--predict W needs no GPU: the planner's model of the fused AllGatherGroupGEMM (not built yet) against the
+decomposed one, per model and routing (predictions, not measurements).
 Exit codes: 0 ok, 1 a check failed, 2 bad arguments, 3 no GPU.
 """
 from __future__ import annotations
@@ -84,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive, default=20)
     p.add_argument("--warmup", type=_positive, default=5)
     p.add_argument("--jsonl", help="one JSON object per result")
+    p.add_argument("--predict", type=_positive, metavar="W",
+                   help="no GPU: print the planner's model of the fused AllGatherGroupGEMM (plan.moe.fused_estimate) "
+                        "against the decomposed one at W PEs of one node, the best of comm blocks 2-16 and chunks "
+                        "of 64 / 128 rows, NVLink (W = 8) or links emulated as on one GPU (W < 8)")
     return p
 
 
@@ -103,6 +109,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code else EXIT_OK
+    if args.predict:
+        return predict(args)
     import torch
     if not torch.cuda.is_available():
         if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))) == 0:
@@ -111,6 +119,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr, flush=True)
         return EXIT_NO_GPU
     return _run(args)
+
+
+def predict(args) -> int:
+    """The model's fused vs decomposed AllGatherGroupGEMM per model and routing (a prediction, not a measurement)."""
+    import torch
+
+    from flux_shmem.plan import costs, inputs
+    from flux_shmem.plan import moe as pmoe
+    W = args.predict
+    links = costs.Links() if W >= 8 else costs.emulated_links(360.0 * 132 / W / 132, 1.5)
+    for name in args.models:
+        mdl = MODELS[name]
+        try:
+            _, inter = shard_shapes(mdl, W, args.tokens)
+        except ValueError as e:
+            print(f"moe predict {name}: skipped: {e}")
+            continue
+        n = 2 * inter  # (the gate and up projections of SwiGLU experts in one grouped GEMM)
+        for routing in args.routing:
+            g = torch.Generator().manual_seed(5)
+            logits = torch.randn(args.tokens, mdl.experts, generator=g)
+            if routing == "skewed":
+                logits[:, : mdl.experts // 2] += 1.386
+            ids = torch.topk(logits, mdl.topk, dim=1).indices.numpy()
+            gemm = inputs.gemm_model(mdl.hidden, n=n)
+            sms = 132 if W >= 8 else 132 // W
+            best = None
+            for blocks in (2, 4, 8, 16):
+                for chunk in (64, 128):
+                    if blocks >= sms:
+                        continue
+                    est = pmoe.fused_estimate(ids, mdl.experts, world=W, node_size=W, pe=0, hidden=mdl.hidden, n=n,
+                                              elem_bytes=2, gemm=gemm, sms=sms, comm_blocks=blocks, chunk_rows=chunk,
+                                              links=links, decomposed_comm_blocks=min(16, sms - 2))
+                    if best is None or est.fused_us < best[0].fused_us:
+                        best = (est, blocks, chunk)
+            est, blocks, chunk = best
+            print(f"moe predict ag {name} {routing} W={W} M={args.tokens}: fused {est.fused_us / 1e3:.3f} ms "
+                  f"(comm blocks {blocks}, chunks of {chunk} rows), decomposed {est.decomposed_us / 1e3:.3f} ms "
+                  f"(comm {est.comm_us / 1e3:.3f} + grouped GEMM {est.gemm_us / 1e3:.3f}): "
+                  f"{est.decomposed_us / est.fused_us:.2f}x, {100 * est.hidden:.0f}% hidden (model)")
+    return EXIT_OK
 
 
 # ----------------------------------------------------------------------------- GPU path

@@ -40,3 +40,10 @@ def test_no_gpu_exit(entry):
     proc = subprocess.run([sys.executable, *entry, "--models", "mixtral-8x7b"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 3 and "no CUDA device visible" in proc.stderr, proc.stderr
+
+
+def test_predict_needs_no_gpu(capsys):
+    assert moe.main(["--predict", "2", "--models", "qwen3-30b-a3b", "--routing", "balanced,skewed",
+                     "--tokens", "1024"]) == moe.EXIT_OK
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(ln.startswith("moe predict ag qwen3-30b-a3b ") and "(model)" in ln for ln in lines)

@@ -4,6 +4,8 @@ has a CPU path); at several PEs they add our AllGather / ReduceScatter, checked 
 group moe)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,8 @@ import torch.nn.functional as F
 
 import flux_shmem
 from flux_shmem.ops import moe
+from flux_shmem.plan import costs
+from flux_shmem.plan import inputs as plan_inputs
 from flux_shmem.plan import moe as pmoe
 from flux_shmem.runtime import state
 from flux_shmem.runtime.topology import Layout
@@ -354,3 +358,48 @@ def test_nn_moe_compiles_fullgraph_and_its_ops_pass_opcheck(one_pe):
     out, partial = torch.ops.flux_shmem.moe_down(*down_args)
     torch.library.opcheck(torch.ops.flux_shmem.moe_down_backward.default,
                           (g, hh.detach(), w2.detach(), partial.detach(), perm, inverse, offs, all_w.detach(), h, 1, topk))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The fused op's model (plan.moe.fused_estimate)
+def test_grouped_span_whole_waves_and_ready_order_is_best():
+    gemm = costs.Gemm(tile_us=10.0)
+    assert pmoe.grouped_span(np.zeros(7), np.full(7, 128), 3, 4, gemm) == 60.0      # 21 items on 4: 6 waves
+    assert pmoe.grouped_span(np.array([0.0, 100.0]), np.full(2, 128), 2, 8, gemm) == 110.0
+    rng = np.random.default_rng(1)
+    for _ in range(200):   # unit-time items with release times: earliest-ready first is optimal (list scheduling)
+        n = int(rng.integers(1, 30))
+        ready = rng.uniform(0, 200, n)
+        args = (ready, np.full(n, 128), int(rng.integers(1, 5)), int(rng.integers(1, 9)), gemm)
+        by_ready = pmoe.grouped_span(*args, order=np.argsort(ready, kind="stable"))
+        assert by_ready <= pmoe.grouped_span(*args) + 1e-9
+        assert by_ready <= pmoe.grouped_span(*args, order=rng.permutation(n)) + 1e-9
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+def test_fused_estimate_is_bounded_by_its_parts(kind):
+    gen = torch.Generator().manual_seed(4)
+    world, m, hidden, n, experts, topk = 4, 2048, 2048, 512, 16, 2
+    ids = make_ids(kind, world * m, experts, topk, gen).numpy()
+    gemm = plan_inputs.gemm_model(hidden, n=n)
+    links = costs.emulated_links(87.3, 1.5)
+    for pe in (0, 3):
+        for blocks in (2, 8, 16):
+            est = pmoe.fused_estimate(ids, experts, world=world, node_size=world, pe=pe, hidden=hidden, n=n,
+                                      elem_bytes=2, gemm=gemm, sms=132, comm_blocks=blocks, chunk_rows=64,
+                                      links=links)
+            slower = pmoe.grouped_span(np.zeros(1), np.array([128]), 1, 1, gemm)  # (one tile's time)
+            assert est.decomposed_us == pytest.approx(est.comm_us + est.gemm_us)
+            assert est.fused_us >= est.gemm_us - 1e-6 and est.fused_us >= slower
+            assert 0.0 <= est.hidden <= 1.0
+    # links all but instant (chunks land within microseconds): the fused GEMM is the grouped GEMM on the SMs beside
+    # the comm kernel, plus at most the wait for the last chunk
+    instant = dataclasses.replace(costs.Links(), nvlink_gbps=1e9, block_gbps=1e9, local_gbps=1e9,
+                                  nvlink_latency_us=0.0)
+    est = pmoe.fused_estimate(ids, experts, world=world, node_size=world, pe=0, hidden=hidden, n=n, elem_bytes=2,
+                              gemm=gemm, sms=132, comm_blocks=4, chunk_rows=64, links=instant)
+    perm, offs = pmoe.grouped_rows(ids, experts)
+    tiles = pmoe.group_tiles(offs, gemm.tile_m)
+    alone = pmoe.grouped_span(np.zeros(len(tiles)), tiles[:, 2], -(-n // gemm.tile_n), 64,
+                              gemm.beside_comm(instant))
+    assert alone <= est.fused_us <= alone + est.comm_us + 1e-6, (alone, est)  # (waits only for the last arrival)

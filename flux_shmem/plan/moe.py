@@ -15,8 +15,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
+import heapq
+
 import numpy as np
 import torch
+
+from . import costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,3 +130,71 @@ def tile_order(offsets: np.ndarray, chunks: np.ndarray, pe: int, world: int, per
     rank = ((src - pe) % world) * per_shard + chunks % per_shard
     last = np.array([rank[a:b].max() if b > a else -1 for a, b in zip(offsets[:-1], offsets[1:])], dtype=np.int64)
     return np.argsort(last, kind="stable")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The fused AllGather + grouped GEMM in the planner's model (what the fused kernel would give, for mode 'auto'
+# and for choosing its chunking)
+@dataclasses.dataclass(frozen=True)
+class MoEEstimate:
+    fused_us: float        # the grouped GEMM walking tiles in `tile_order`, each waiting for its chunks
+    decomposed_us: float   # the all-gather, then the grouped GEMM on every SM
+    comm_us: float         # the all-gather alone (its last chunk at this PE)
+    gemm_us: float         # the grouped GEMM alone on every SM
+
+    @property
+    def hidden(self) -> float:
+        """The share of the communication the fused call hides (1: all, 0: none)."""
+        return max(0.0, min(1.0, (self.decomposed_us - self.fused_us) / self.comm_us)) if self.comm_us > 0 else 1.0
+
+
+def grouped_span(ready: np.ndarray, rows: np.ndarray, tiles_n: int, clusters: int, gemm: costs.Gemm,
+                 order: Optional[np.ndarray] = None) -> float:
+    """A persistent grouped GEMM's makespan: its M-tiles (each `rows` rows, at most tile_m; its A rows there at
+    `ready`) walked in `order` (default: as given), every M-tile's tiles_n work items in turn, each item on the
+    first free of `clusters` clusters once its tile is ready, taking the tile time (a short M-tile costs a whole
+    tile: the MMA shape is fixed)."""
+    order = np.arange(len(ready)) if order is None else order
+    free = [0.0] * max(1, clusters)
+    end = 0.0
+    for i in order:
+        r = float(ready[i])
+        for _ in range(tiles_n):
+            t = max(heapq.heappop(free), r) + gemm.tile_us
+            heapq.heappush(free, t)
+            end = max(end, t)
+    return end
+
+
+def fused_estimate(ids: np.ndarray, num_experts: int, *, world: int, node_size: int, pe: int, hidden: int,
+                   n: int, elem_bytes: int, gemm: costs.Gemm, sms: int, comm_blocks: int, chunk_rows: int,
+                   links: costs.Links = costs.Links(), decomposed_comm_blocks: int = 16) -> MoEEstimate:
+    """PE `pe`'s AllGatherGroupGEMM in the model: every PE's ids [M, topk] (PE order), the all-gather's arrivals
+    (`fast_ag.ag_arrivals`: chunks of chunk_rows token rows, `comm_blocks` blocks beside the GEMM), the grouped
+    tiles (`group_tiles`) each ready when the last chunk it reads lands (`tile_waits`), walked by last arrival
+    (`tile_order`) on the SMs left beside the comm kernel; against the all-gather then the grouped GEMM on all
+    `sms` (its all-gather alone on decomposed_comm_blocks blocks, as the decomposed op runs it). A tile's time is
+    `gemm`'s (K = hidden) at tile_m x tile_n; n is the experts' output width per PE."""
+    from .fast_ag import ag_arrivals  # (the dense AllGatherGEMM's arrival model: the same all-gather)
+    ids = np.asarray(ids)
+    m_total = ids.shape[0]
+    if m_total % world:
+        raise ValueError(f"{m_total} tokens do not split over {world} PEs")
+    shard = m_total // world
+    perm, offs = grouped_rows(ids, num_experts)
+    tiles = group_tiles(offs, gemm.tile_m)
+    woff, wch = tile_waits(tiles, perm // ids.shape[1], shard, chunk_rows)
+    per_shard = -(-shard // chunk_rows)
+    tiles_n = -(-n // gemm.tile_n)
+    clusters_all = max(1, sms // gemm.cluster_m)
+    gemm_us = grouped_span(np.zeros(len(tiles)), tiles[:, 2], tiles_n, clusters_all, gemm)
+    arr = ag_arrivals(world, node_size, shard, hidden * elem_bytes, chunk_rows, comm_blocks, links.beside())
+    at = arr.of(pe).ravel()                                          # [shard * per_shard + chunk]
+    ready = np.array([at[wch[a:b]].max() if b > a else 0.0 for a, b in zip(woff[:-1], woff[1:])])
+    order = tile_order(woff, wch, pe, world, per_shard)
+    beside = gemm.beside_comm(links)
+    fused = max(arr.end, grouped_span(ready, tiles[:, 2], tiles_n, max(1, (sms - comm_blocks) // gemm.cluster_m),
+                                      beside, order))
+    alone = ag_arrivals(world, node_size, shard, hidden * elem_bytes, chunk_rows, decomposed_comm_blocks, links)
+    comm = float(alone.of(pe).max())
+    return MoEEstimate(fused, comm + gemm_us, comm, gemm_us)
