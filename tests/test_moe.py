@@ -192,8 +192,10 @@ def test_one_pe_block_matches_fp64_with_biases(one_pe, layout):
 def test_construction_errors_name_the_fix(one_pe):
     cases = [
         (dict(topk=9), ValueError, "topk=9 exceeds num_experts=8"),
-        (dict(dtype=torch.float16), TypeError, "takes bfloat16"),
-        (dict(dtype=torch.float8_e4m3fn), NotImplementedError, "fp8 experts are not supported yet"),
+        (dict(dtype=torch.float16), TypeError, "take bfloat16"),
+        (dict(dtype=torch.float8_e5m2), TypeError, "cast to torch.float8_e4m3fn"),
+        (dict(dtype=torch.float8_e4m3fn, layout="kn"), ValueError, "fp8 experts take 'nk' weights"),
+        (dict(dtype=torch.float8_e4m3fn, inter=40), ValueError, "inter=40 must be a multiple of 16"),
         (dict(hidden=60), ValueError, "hidden=60 must be a multiple of 8"),
         (dict(layout="mk"), ValueError, "layout must be one of"),
         (dict(mode="fused"), NotImplementedError, "fused grouped kernel is not built yet"),
@@ -403,3 +405,89 @@ def test_fused_estimate_is_bounded_by_its_parts(kind):
     alone = pmoe.grouped_span(np.zeros(len(tiles)), tiles[:, 2], -(-n // gemm.tile_n), 64,
                               gemm.beside_comm(instant))
     assert alone <= est.fused_us <= alone + est.comm_us + 1e-6, (alone, est)  # (waits only for the last arrival)
+
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fp8 experts (e4m3 with fp32 scales): the one-PE block against the dequantized fp64 reference
+def quantize(x: torch.Tensor, dim: int):
+    """e4m3 values and fp32 scales along `dim` (amax / 448 per row / column), and the dequantized fp64 tensor."""
+    amax = x.abs().amax(dim=dim, keepdim=True).clamp_min(1e-12)
+    scale = (amax / 448.0).float()
+    q = (x / scale).to(torch.float8_e4m3fn)
+    return q, scale.squeeze(dim), q.double() * scale.double()
+
+
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_one_pe_fp8_block_matches_the_dequantized_fp64_reference(one_pe, per_tensor):
+    gen = torch.Generator().manual_seed(21)
+    m, hidden, inter, experts, topk = 40, 64, 32, 6, 2
+    E4 = torch.float8_e4m3fn
+    ag = flux_shmem.AllGatherGroupGEMM(m, hidden, inter, experts, topk, E4)
+    rs = flux_shmem.GroupGEMMReduceScatter(m, hidden, inter, experts, topk, E4)
+    x = torch.randn(m, hidden, generator=gen)
+    if per_tensor:
+        sx = (x.abs().max() / 448.0).float()
+        x8, xd = (x / sx).to(E4), (x / sx).to(E4).double() * float(sx)
+    else:
+        x8, sx, xd = quantize(x, 1)
+    w1 = torch.randn(experts, inter, hidden, generator=gen) * 0.1
+    w1_8, s1, w1d = quantize(w1, 2)                                    # [E, inter] scales: per output column
+    ids = make_ids("empty", m, experts, topk, gen)
+    wts = torch.softmax(torch.randn(m, topk, generator=gen), dim=1)
+    y, r = ag(x8, ids, w1_8, topk_weights=wts, scale=sx, w_scale=s1)
+    assert y.dtype == torch.bfloat16 and y.shape == (m * topk, inter)
+    ref_y = torch.stack([xd[t] @ w1d[int(e)].t() for t, e in zip(r.rows.tolist(), r.ids.reshape(-1)[r.perm])])
+    assert float((y.double() - ref_y).norm() / ref_y.norm()) < 1e-2
+    h = torch.nn.functional.silu(y.float())
+    h8, sh, hd = quantize(h, 1)                                        # per grouped row
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.1
+    s2 = (w2.abs().amax(dim=(1, 2)) / 448.0).float()                   # [E]: one per expert
+    w2_8 = (w2 / s2[:, None, None]).to(E4)
+    w2d = w2_8.double() * s2.double()[:, None, None]
+    out = rs(h8, w2_8, r, scale=sh, w_scale=s2)
+    ref = torch.zeros(m, hidden, dtype=torch.float64)
+    for row, (t, e) in enumerate(zip(r.rows.tolist(), r.ids.reshape(-1)[r.perm].tolist())):
+        j = int(r.perm[row]) % topk
+        ref[t] += float(wts[t, j]) * (hd[row] @ w2d[e].t())
+    assert out.dtype == torch.bfloat16 and float((out.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_fp8_scale_errors_name_the_fix(one_pe):
+    E4 = torch.float8_e4m3fn
+    ag = flux_shmem.AllGatherGroupGEMM(16, 32, 16, 4, 2, E4)
+    x8 = torch.randn(16, 32).to(E4)
+    w8 = torch.randn(4, 16, 32).to(E4)
+    ids = torch.zeros(16, 2, dtype=torch.int64)
+    ids[:, 1] = 1
+    with pytest.raises(ValueError, match="fp8 experts need scale"):
+        ag(x8, ids, w8)
+    with pytest.raises(ValueError, match=r"scale has shape \(15,\)"):
+        ag(x8, ids, w8, scale=torch.ones(15), w_scale=torch.ones(4))
+    with pytest.raises(ValueError, match=r"w_scale has shape \(4, 15\)"):
+        ag(x8, ids, w8, scale=torch.ones(16), w_scale=torch.ones(4, 15))
+    with pytest.raises(TypeError, match="w_scale must be a float32 tensor"):
+        ag(x8, ids, w8, scale=torch.ones(16), w_scale=torch.ones(4, dtype=torch.float64))
+    bf = flux_shmem.AllGatherGroupGEMM(16, 32, 16, 4, 2)
+    with pytest.raises(ValueError, match="scales were given to a torch.bfloat16 op"):
+        bf(x8.float().to(torch.bfloat16), ids, w8.float().to(torch.bfloat16), scale=torch.ones(16))
+    y, _ = ag(x8, ids, w8, scale=torch.tensor(0.5), w_scale=torch.ones(4))     # a per-tensor scale
+    want = (x8.float() * 0.5) @ w8[0].float().t()
+    assert torch.allclose(y[:16].float(), want, rtol=2e-2, atol=1e-2)          # (expert 0's rows: tokens in order)
+
+
+def test_fp8_token_scales_travel_with_the_routing(one_pe):
+    """fp8: each token's scale is one more int32 word of the routing gather (a stand-in gather of two PEs)."""
+    ag = flux_shmem.AllGatherGroupGEMM(16, 32, 16, 4, 2, torch.float8_e4m3fn)
+    assert ag._route_cols == 8  # (2 x topk + 1 words, padded to 16-byte rows)
+
+    def gather(t, copy=True):   # this PE, then a peer whose rows repeat this PE's with the scale doubled
+        peer = t.view(torch.int32).clone()
+        peer[:, 4] = (peer[:, 4].view(torch.float32) * 2).view(torch.int32)
+        return torch.cat([t, peer.view(torch.float32)])
+    ag.route_ag = gather
+    ids = torch.tensor([[0, 3]] * 8)
+    scales = torch.linspace(0.01, 3.0, 8)
+    got_ids, got_w, got_s = ag.gather_routing(ids, None, scales)
+    assert got_w is None and torch.equal(got_ids, torch.cat([ids, ids]))
+    assert torch.equal(got_s, torch.cat([scales, scales * 2]))

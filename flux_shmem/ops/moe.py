@@ -28,7 +28,8 @@ from ._validate import check_tensor, positive
 from .all_gather import AllGather
 from .reduce_scatter import ReduceScatter
 
-DTYPES = (torch.bfloat16,)   # torch._grouped_mm's CUDA kernels take bf16 (fp8: torch._scaled_grouped_mm, next)
+E4M3 = torch.float8_e4m3fn
+DTYPES = (torch.bfloat16, E4M3)  # torch._grouped_mm's CUDA kernels take bf16; e4m3: torch._scaled_grouped_mm
 LAYOUTS = ("nk", "kn")       # expert weights [E, N, K] (as nn.Linear stores them) or [E, K, N]
 MODES = ("auto", "decomposed", "fused")
 
@@ -54,12 +55,53 @@ def _check_choice(name: str, v, allowed) -> None:
 
 
 def _check_dtype(op: str, dtype: torch.dtype) -> None:
-    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise NotImplementedError(f"{op}: fp8 experts are not supported yet (issue 38: torch._scaled_grouped_mm "
-                                  "on the decomposed path comes next); pass bfloat16 activations and weights")
+    if dtype == torch.float8_e5m2:
+        raise TypeError(f"{op}: float8_e5m2 is not supported (the fp8 grouped GEMM takes float8_e4m3fn with "
+                        "scales): cast to torch.float8_e4m3fn")
     if dtype not in DTYPES:
-        raise TypeError(f"{op}: dtype {dtype} is not supported (torch's grouped GEMM takes bfloat16): cast to "
-                        "torch.bfloat16")
+        raise TypeError(f"{op}: dtype {dtype} is not supported (torch's grouped GEMMs take bfloat16, or "
+                        "float8_e4m3fn with scales): cast to torch.bfloat16")
+
+
+def scaled_grouped_mm(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                      offs: torch.Tensor) -> torch.Tensor:
+    """e4m3 a [R, K] (grouped rows, one fp32 scale per row) times each expert's e4m3 w [E, N, K] (fp32 scales
+    [E, N]) -> bf16 [R, N]: a_scale[r] * w_scale[e, n] * (a @ w[e]^T). torch._scaled_grouped_mm on a GPU; on the
+    CPU (tests only: the ops need a GPU) the same product dequantized in fp32."""
+    if a.is_cuda:
+        return torch._scaled_grouped_mm(a, w.transpose(-2, -1), a_scale, w_scale, offs=offs,
+                                        out_dtype=torch.bfloat16)
+    out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float32)
+    lo = 0
+    for e, hi in enumerate(offs.tolist()):
+        if hi > lo:
+            out[lo:hi] = (a[lo:hi].float() * a_scale[lo:hi, None]) @ (w[e].float() * w_scale[e][:, None]).t()
+        lo = hi
+    return out.to(torch.bfloat16)
+
+
+def row_scales(name: str, scale, rows: int, device) -> torch.Tensor:
+    """An fp32 scale per row from `scale`: [] (one for the tensor) or [rows]."""
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.device != device:
+        raise TypeError(f"{name} must be a float32 tensor on {device} ([] per tensor or [{rows}] per row), got "
+                        f"{type(scale).__name__ if not isinstance(scale, torch.Tensor) else scale.dtype}")
+    if scale.dim() == 0 or tuple(scale.shape) == (1,):
+        return scale.reshape(1).expand(rows).contiguous()
+    if tuple(scale.shape) != (rows,):
+        raise ValueError(f"{name} has shape {tuple(scale.shape)}: expected [] (per tensor) or [{rows}] (per row)")
+    return scale.contiguous()
+
+
+def expert_scales(name: str, scale, experts: int, n: int, device) -> torch.Tensor:
+    """An fp32 scale per (expert, output column) from `scale`: [E] (one per expert) or [E, n]."""
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.device != device:
+        raise TypeError(f"{name} must be a float32 tensor on {device} ([{experts}] per expert or [{experts}, {n}] "
+                        "per output column)")
+    if tuple(scale.shape) == (experts,):
+        return scale[:, None].expand(experts, n).contiguous()
+    if tuple(scale.shape) != (experts, n):
+        raise ValueError(f"{name} has shape {tuple(scale.shape)}: expected [{experts}] or [{experts}, {n}]")
+    return scale.contiguous()
 
 
 class _MoEOp:
@@ -81,11 +123,15 @@ class _MoEOp:
                 raise ValueError(f"max_m={max_m} must be a multiple of the world size {W} (every PE holds "
                                  f"max_m / {W} tokens at most)")
             _check_dtype(op, dtype)
+            align = 16 if dtype == E4M3 else 8
             for name, v in (("hidden", hidden), ("inter", inter)):
-                if v % 8:
-                    raise ValueError(f"{op}: {name}={v} must be a multiple of 8 (rows of 16 bytes for the grouped "
-                                     "GEMM's TMA loads): pad the weights")
+                if v % align:
+                    raise ValueError(f"{op}: {name}={v} must be a multiple of {align} (rows of 16 bytes for the "
+                                     "grouped GEMM's TMA loads): pad the weights")
             _check_choice("layout", layout, LAYOUTS)
+            if dtype == E4M3 and layout != "nk":
+                raise ValueError(f"{op}: fp8 experts take 'nk' weights [E, N, K] (torch._scaled_grouped_mm reads B "
+                                 "column-major): pass layout='nk' with w as nn.Linear stores it")
             _check_choice("mode", mode, MODES)
             if mode == "fused":
                 raise NotImplementedError(f"{op}(mode='fused'): the fused grouped kernel is not built yet (issue 38); "
@@ -96,6 +142,8 @@ class _MoEOp:
                         (max_m, hidden, inter, num_experts, topk, str(dtype), layout, mode))
         self.shard_m = max_m // W
         self.op = op
+        self.fp8 = dtype == E4M3
+        self.out_dtype = torch.bfloat16  # (the fp8 products too)
 
     def weight_shape(self, n: int, k: int) -> tuple[int, int, int]:
         return (self.num_experts, n, k) if self.layout == "nk" else (self.num_experts, k, n)
@@ -108,9 +156,24 @@ class _MoEOp:
 
     def check_bias(self, bias: Optional[torch.Tensor], shape: tuple) -> None:
         if bias is not None:
-            check_tensor("bias", bias, dtype=self.dtype, device=self.rt.device, ndim=len(shape))
+            check_tensor("bias", bias, dtype=self.out_dtype, device=self.rt.device, ndim=len(shape))
             if tuple(bias.shape) != shape:
                 raise ValueError(f"bias has shape {tuple(bias.shape)}, expected {shape}")
+
+    def check_no_scales(self, *scales) -> None:
+        if not self.fp8 and any(sc is not None for sc in scales):
+            raise ValueError(f"{self.op}: scales were given to a {self.dtype} op: they belong to fp8 experts "
+                             "(build the op with dtype=torch.float8_e4m3fn)")
+        if self.fp8 and any(sc is None for sc in scales):
+            raise ValueError(f"{self.op}: fp8 experts need scale (the activations': [] or one per row) and w_scale "
+                             "(the weights': [E] or [E, N])")
+
+    def product(self, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, a_rows_scale, w_scale, n: int):
+        """The grouped product of this op's dtype: bf16 grouped_mm, or the scaled fp8 one."""
+        if not self.fp8:
+            return grouped_mm(a, w, offs, self.layout)
+        return scaled_grouped_mm(a, w, a_rows_scale, expert_scales("w_scale", w_scale, self.num_experts, n, a.device),
+                                 offs)
 
     def check_tokens(self, m: int) -> None:
         if not 0 < m <= self.shard_m:
@@ -127,6 +190,9 @@ class AllGatherGroupGEMM(_MoEOp):
     GroupGEMMReduceScatter's combine. bias: [E, inter], per expert. Returns (y, routing), and with return_rows=True
     also the grouped A rows [M * topk, hidden] (what the backward's weight gradient multiplies).
 
+    fp8 (dtype=torch.float8_e4m3fn, 'nk' weights): x and w in e4m3 with fp32 scales, `scale` ([] or one per token
+    of x, gathered with the routing) and `w_scale` ([E] or [E, inter]); y and bias bf16.
+
     check_ids=True (default) checks the gathered ids on the host (one synchronisation; every PE sees the same ids,
     so a bad id raises on every PE, naming the PE whose shard holds it); pass False to skip it, e.g. inside
     CUDA-graph capture."""
@@ -136,8 +202,9 @@ class AllGatherGroupGEMM(_MoEOp):
                  comm_blocks: int = 16):
         super().__init__("AllGatherGroupGEMM", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
         W = self.rt.world_size
-        # ids (int32 bits) and weights (fp32) of a token in one row of 16-byte multiples: one small gather
-        self._route_cols = -(-2 * topk // 4) * 4
+        # ids, weights (fp32 bits) and, fp8, the token's scale (fp32 bits) in one row of 16-byte multiples: one
+        # small gather of int32 words
+        self._route_cols = -(-(2 * topk + int(self.fp8)) // 4) * 4
         self.ag = AllGather(self.shard_m, hidden, dtype, comm_blocks=comm_blocks) if W > 1 else None
         self.route_ag = AllGather(self.shard_m, self._route_cols, torch.float32, comm_blocks=min(comm_blocks, 4)) \
             if W > 1 else None
@@ -152,26 +219,35 @@ class AllGatherGroupGEMM(_MoEOp):
                 "kernel is issue 38's next step)" if self.rt.world_size > 1 else
                 "one PE: torch's grouped GEMM, nothing to communicate")
 
-    def gather_routing(self, topk_ids: torch.Tensor, topk_weights: Optional[torch.Tensor]
-                       ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Every PE's ids (int64) and weights (fp32, or None), PE order."""
+    def gather_routing(self, topk_ids: torch.Tensor, topk_weights: Optional[torch.Tensor],
+                       token_scales: Optional[torch.Tensor] = None):
+        """Every PE's ids (int64) and weights (fp32, or None), PE order; with token_scales ([m] fp32, fp8 ops) also
+        every PE's token scales."""
         if self.route_ag is None:
-            return topk_ids.to(torch.int64), None if topk_weights is None else topk_weights.float()
+            out = (topk_ids.to(torch.int64), None if topk_weights is None else topk_weights.float())
+            return out if token_scales is None else out + (token_scales,)
         m, k = topk_ids.shape
-        # (packed as int32 words, the weights' fp32 bits among them: only integer copies touch them, and the
-        # all-gather moves bytes)
+        # (packed as int32 words, the fp32 bits among them: only integer copies touch them, and the all-gather
+        # moves bytes)
         packed = torch.zeros((m, self._route_cols), dtype=torch.int32, device=topk_ids.device)
         packed[:, :k] = topk_ids
         if topk_weights is not None:
             packed[:, k:2 * k] = topk_weights.float().view(torch.int32)
+        if token_scales is not None:
+            packed[:, 2 * k] = token_scales.view(torch.int32)
         got = self.route_ag(packed.view(torch.float32), copy=False).view(torch.int32)
         ids = got[:, :k].to(torch.int64)
-        return ids, None if topk_weights is None else got[:, k:2 * k].contiguous().view(torch.float32)
+        weights = None if topk_weights is None else got[:, k:2 * k].contiguous().view(torch.float32)
+        if token_scales is None:
+            return ids, weights
+        return ids, weights, got[:, 2 * k].contiguous().view(torch.float32)
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, w: torch.Tensor, *,
                  topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                 scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
                  check_ids: bool = True, return_rows: bool = False):
         rt = self.rt
+        self.check_no_scales(scale, w_scale)
         check_tensor("x", x, dtype=self.dtype, device=rt.device)
         m = x.shape[0]
         self.check_tokens(m)
@@ -188,13 +264,17 @@ class AllGatherGroupGEMM(_MoEOp):
                 raise ValueError(f"topk_weights must be a float tensor of shape ({m}, {self.topk}) on {x.device}")
         self.check_weight(w, self.inter, self.hidden)
         self.check_bias(bias, (self.num_experts, self.inter))
-        ids, weights = self.gather_routing(topk_ids, topk_weights)
+        if self.fp8:
+            ids, weights, scales = self.gather_routing(topk_ids, topk_weights, row_scales("scale", scale, m, x.device))
+        else:
+            (ids, weights), scales = self.gather_routing(topk_ids, topk_weights), None
         if check_ids:
             pmoe.check_ids(ids, self.num_experts, m)
         routing = pmoe.route(ids, self.num_experts, weights)
         tokens = self.ag(x, copy=False) if self.ag is not None else x
         rows = tokens.index_select(0, routing.rows)
-        y = grouped_mm(rows, w, routing.offs, self.layout)
+        y = self.product(rows, w, routing.offs, None if scales is None else scales.index_select(0, routing.rows),
+                         w_scale, self.inter)
         if bias is not None:
             y += bias.index_select(0, ids.reshape(-1).index_select(0, routing.perm))
         return (y, routing, rows) if return_rows else (y, routing)
@@ -206,13 +286,17 @@ class GroupGEMMReduceScatter(_MoEOp):
     scattered by token rows: [m, hidden] on every PE, its own tokens. h [M * topk, inter] in `routing`'s grouped
     order (AllGatherGroupGEMM's output after the activation), w [E, hidden, inter] ('nk') or [E, inter, hidden]
     ('kn'); routing from AllGatherGroupGEMM (its weights, or topk_weights [M, topk] of every PE's tokens here).
-    bias [E, hidden], per expert (weighted like its expert's output, added once)."""
+    bias [E, hidden], per expert (weighted like its expert's output, added once).
+
+    fp8 (dtype=torch.float8_e4m3fn, 'nk' weights): h and w in e4m3 with fp32 scales, `scale` ([] or one per row
+    of h) and `w_scale` ([E] or [E, hidden]); the partial products, the sums and out are bf16."""
 
     def __init__(self, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
                  dtype: torch.dtype = torch.bfloat16, *, layout: str = "nk", mode: str = "auto",
                  comm_blocks: int = 16):
         super().__init__("GroupGEMMReduceScatter", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
-        self.rs = ReduceScatter(max_m, hidden, dtype, comm_blocks=comm_blocks) if self.rt.world_size > 1 else None
+        self.rs = ReduceScatter(max_m, hidden, self.out_dtype, comm_blocks=comm_blocks) \
+            if self.rt.world_size > 1 else None
 
     def __repr__(self) -> str:
         return (f"GroupGEMMReduceScatter(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts="
@@ -225,9 +309,11 @@ class GroupGEMMReduceScatter(_MoEOp):
                 "one PE: torch's grouped GEMM and the top-k combine, nothing to communicate")
 
     def __call__(self, h: torch.Tensor, w: torch.Tensor, routing: pmoe.Routing, *,
-                 topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                 scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         rt = self.rt
         W = rt.world_size
+        self.check_no_scales(scale, w_scale)
         if not isinstance(routing, pmoe.Routing):
             raise TypeError("routing must be the Routing that AllGatherGroupGEMM returned with its output")
         if routing.num_experts != self.num_experts or routing.topk != self.topk:
@@ -250,7 +336,9 @@ class GroupGEMMReduceScatter(_MoEOp):
         if tuple(weights.shape) != (M, self.topk) or not weights.is_floating_point():
             raise ValueError(f"topk_weights must be a float tensor of shape ({M}, {self.topk}): every PE's tokens, "
                              "PE order")
-        partial = grouped_mm(h, w, routing.offs, self.layout)
+        partial = self.product(h, w, routing.offs,
+                               row_scales("scale", scale, h.shape[0], h.device) if self.fp8 else None, w_scale,
+                               self.hidden)
         if bias is not None and rt.rank == 0:  # (one PE adds the experts' biases: the sum over PEs has them once)
             partial += bias.index_select(0, routing.ids.reshape(-1).index_select(0, routing.perm))
         out = combine(partial, routing, weights)

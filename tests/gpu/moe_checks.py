@@ -100,6 +100,54 @@ def moe_block_matches_fp64(rt):
     block(rt, 64, 128, 256, 64, 8, "nk", "balanced", 3)
 
 
+def _quantize(x, dim):
+    """e4m3 values, fp32 scales along `dim` (amax / 448), and the dequantized fp64 tensor."""
+    scale = (x.abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / 448.0).float()
+    q = (x / scale).to(torch.float8_e4m3fn)
+    return q, scale.squeeze(dim), q.double() * scale.double()
+
+
+@check("moe")
+def moe_fp8_block_matches_dequantized_fp64(rt):
+    """Both ops with e4m3 experts (torch._scaled_grouped_mm): tokens with one scale per row (gathered with the
+    routing), up weights per output column, down weights one scale per expert; against the dequantized fp64 block
+    (skewed and empty-expert routing)."""
+    W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 64, 256, 256, 8, 2
+    Is = inter // W
+    E4 = torch.float8_e4m3fn
+    ag = flux_shmem.AllGatherGroupGEMM(W * m, hidden, Is, experts, topk, E4)
+    rs = flux_shmem.GroupGEMMReduceScatter(W * m, hidden, Is, experts, topk, E4)
+    for kind, seed in (("skewed", 31), ("empty", 32)):
+        q = [_quantize(torch.randn(m, hidden, generator=_gen(seed * 1000 + pe), device="cuda"), 1) for pe in range(W)]
+        ids, wts = routing_inputs(rt, m, experts, topk, kind, seed)
+        w1 = torch.randn(experts, inter, hidden, generator=_gen(seed + 1), device="cuda") * hidden ** -0.5
+        w1_8, s1, w1d = _quantize(w1[:, me * Is:(me + 1) * Is], 2)
+        w2 = torch.randn(experts, hidden, inter, generator=_gen(seed + 2), device="cuda") * inter ** -0.5
+        s2 = (w2[:, :, me * Is:(me + 1) * Is].abs().amax(dim=(1, 2)) / 448.0).float()
+        w2_8 = (w2[:, :, me * Is:(me + 1) * Is] / s2[:, None, None]).to(E4).contiguous()
+        if ag.ag is not None:
+            ag.ag.gather.view(torch.uint8).fill_(0x7F)  # (e4m3 NaN bytes)
+        y, r = ag(q[me][0], ids[me], w1_8.contiguous(), topk_weights=wts[me], scale=q[me][1], w_scale=s1.contiguous())
+        h8, sh, hd = _quantize(torch.nn.functional.silu(y.float()), 1)
+        out = rs(h8, w2_8, r, scale=sh, w_scale=s2)
+        # the reference: the sum over PEs of each PE's dequantized down projection of its own quantized h (the
+        # shards travel over the host), combined with the router weights
+        xd = torch.cat([t[2] for t in q])
+        all_ids, all_w = torch.cat(ids), torch.cat(wts)
+        hs = rt.host.allgather((hd.cpu(), r.perm.cpu(), w1d.cpu(), (w2_8.double() * s2.double()[:, None, None]).cpu()))
+        ref = torch.zeros(W * m, hidden, dtype=torch.float64)
+        for h_pe, perm_pe, _, w2d_pe in hs:
+            t = perm_pe // topk
+            e = all_ids.reshape(-1).cpu()[perm_pe]
+            contrib = torch.einsum("rk,rnk->rn", h_pe, w2d_pe[e]) * all_w.reshape(-1).cpu().double()[perm_pe][:, None]
+            ref.index_add_(0, t, contrib)
+        err = rel_err(out, ref[me * m:(me + 1) * m].cuda())
+        assert out.dtype == torch.bfloat16 and err < 2e-2, (kind, err)
+        # and the up projection alone, this PE's shard, against the dequantized operands
+        ref_y = torch.einsum("rk,rnk->rn", xd[r.rows], w1d[all_ids.reshape(-1)[r.perm]])
+        assert rel_err(y, ref_y) < 2e-2, (kind, rel_err(y, ref_y))
+
+
 @check("moe")
 def moe_graph_replays(rt):
     """Both ops captured once in a CUDA graph (check_ids=False: no host sync), replayed on fresh tokens and
