@@ -104,6 +104,17 @@ def shard_shapes(model: MoEModel, world: int, tokens: int) -> tuple[int, int]:
     return tokens // world, model.inter // world
 
 
+def model_shards(names, world: int, tokens: int, say, what: str = "moe"):
+    """(name, model, tokens per PE, inter per PE) of each model that splits over `world` PEs; `say` the others."""
+    for name in names:
+        try:
+            m, inter = shard_shapes(MODELS[name], world, tokens)
+        except ValueError as e:
+            say(f"{what} {name}: skipped: {e}")
+            continue
+        yield name, MODELS[name], m, inter
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -129,13 +140,7 @@ def predict(args) -> int:
     from flux_shmem.plan import moe as pmoe
     W = args.predict
     links = costs.Links() if W >= 8 else costs.emulated_links(360.0 * 132 / W / 132, 1.5)
-    for name in args.models:
-        mdl = MODELS[name]
-        try:
-            _, inter = shard_shapes(mdl, W, args.tokens)
-        except ValueError as e:
-            print(f"moe predict {name}: skipped: {e}")
-            continue
+    for name, mdl, _, inter in model_shards(args.models, W, args.tokens, print, "moe predict"):
         n = 2 * inter  # (the gate and up projections of SwiGLU experts in one grouped GEMM)
         for routing in args.routing:
             g = torch.Generator().manual_seed(5)
@@ -193,13 +198,7 @@ def _run(args) -> int:
         say(f"# {nccl}")
     failed = 0
     out_f = open(args.jsonl, "w") if args.jsonl and me == 0 else None
-    for name in args.models:
-        mdl = MODELS[name]
-        try:
-            m, inter = shard_shapes(mdl, W, args.tokens)
-        except ValueError as e:
-            say(f"moe {name}: skipped: {e}")
-            continue
+    for name, mdl, m, inter in model_shards(args.models, W, args.tokens, say):
         H, E, K = mdl.hidden, mdl.experts, mdl.topk
         g = torch.Generator(device=dev).manual_seed(1234)
         w1 = (torch.randn(E, inter, H, generator=g, device=dev) * H ** -0.5).to(torch.bfloat16)

@@ -18,6 +18,8 @@ from flux_shmem.plan import inputs as plan_inputs
 from flux_shmem.plan import moe as pmoe
 from flux_shmem.runtime import state
 from flux_shmem.runtime.topology import Layout
+from test_gpu_checks_cpu import OnePE
+from test_nn_layers import compile_recording
 
 ROUTINGS = ("balanced", "skewed", "empty")
 
@@ -143,20 +145,10 @@ def test_grouped_mm_and_combine_match_fp64(kind, layout):
 
 # ------------------------------------------------------------------------------------------------------------
 # The ops at one PE (CPU tensors) and their argument checks
-class _OnePE:
-    rank, size, name = 0, 1, "test"
-
-    def barrier_within(self, timeout_s):
-        return True
-
-    def allgather(self, obj):
-        return [obj]
-
-
 @pytest.fixture
 def one_pe(monkeypatch):
     """A runtime of one PE whose 'device' is the CPU: the ops' tensor checks accept CPU tensors."""
-    rt = state.Runtime(host=_OnePE(), layout=Layout(0, 1, 0, 1, 0, 1), device=0, node_size=1, reachable=(True,),
+    rt = state.Runtime(host=OnePE(), layout=Layout(0, 1, 0, 1, 0, 1), device=0, node_size=1, reachable=(True,),
                        force_put=False, timeout_s=5.0, trap_on_timeout=False, shares_gpu=False)
     monkeypatch.setattr(state, "_STATE", rt)
     monkeypatch.setattr(moe, "get_runtime", lambda: rt)
@@ -301,7 +293,8 @@ def test_routing_travels_bit_exact_in_one_gather(one_pe):
     ag.route_ag = gather
     ids = torch.tensor([[1, 2, 3]] * 8, dtype=torch.int32)
     wts = torch.tensor([[1e-40, float.fromhex("0x1.fffffep-1"), 3.0]] * 8)
-    got_ids, got_w = ag.gather_routing(ids, wts)
+    got_ids, got_w, got_s = ag.gather_routing(ids, wts)
+    assert got_s is None
     assert got_ids.dtype == torch.int64 and torch.equal(got_ids, torch.cat([ids.long(), other]))
     assert torch.equal(got_w[:8].view(torch.int32), wts.view(torch.int32))      # bit for bit
     assert torch.equal(got_w[8:], torch.full((8, 3), 0.25))
@@ -318,18 +311,7 @@ def test_nn_moe_compiles_fullgraph_and_its_ops_pass_opcheck(one_pe):
     block = MoE(hidden, inter, experts, topk, max_tokens=m, device="cpu", check_ids=False)
     x0 = torch.randn(m, hidden).to(torch.bfloat16)
     g = torch.randn(m, hidden).to(torch.bfloat16)
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def keep(gr, _):
-            graphs.append(gr)
-            return make_boxed_func(gr)
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
-
-    compiled = torch.compile(block, fullgraph=True, backend=recording_backend)
+    compiled, graphs = compile_recording(block)
     outs = []
     for fn in (block, compiled):
         block.zero_grad(set_to_none=True)

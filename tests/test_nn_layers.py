@@ -182,6 +182,19 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.flux_shmem.gemm_rs.default, (a, w.detach().t().contiguous(), None, h, 1))
 
 
+def compile_recording(module):
+    """torch.compile(module, fullgraph=True) through dynamo and AOTAutograd, run eagerly, and the list its forward
+    and backward graphs are appended to as they are compiled."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    graphs = []
+
+    def keep(g, _):
+        graphs.append(g)
+        return make_boxed_func(g)
+    return torch.compile(module, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)), graphs
+
+
 def test_compile_fullgraph_traces_the_layers():
     """torch.compile(fullgraph=True) through dynamo and AOTAutograd (fake kernels, autograd formulas): any graph
     break raises; the compiled forward and backward equal eager."""
@@ -190,18 +203,7 @@ def test_compile_fullgraph_traces_the_layers():
     torch.manual_seed(0)
     blk = TPBlock(cfg, backend=be, dtype=F64)
     x, gy = full_tensors(4, (8, 2, cfg.hidden), (8, 2, cfg.hidden))
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def keep(g, _):
-            graphs.append(g)
-            return make_boxed_func(g)
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
-
-    compiled = torch.compile(blk, fullgraph=True, backend=recording_backend)
+    compiled, graphs = compile_recording(blk)
     outs = []
     for fn in (blk, compiled):
         blk.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ from flux_shmem.plan import call
 from flux_shmem.plan import cache
 from flux_shmem.ops import _fused as F
 from flux_shmem.plan.offline import inputs
+from test_gpu_checks_cpu import OnePE
 
 LLAMA_AG = ((3584, 8192), (1280, 8192))   # TP8 Llama-3-70B: up (or gate) 8192x3584x8192, QKV n = 1280
 LLAMA_RS = ((8192, 3584),)                # down 8192x8192x3584
@@ -321,17 +322,6 @@ def test_planning_caches_are_bounded():
 
 # ------------------------------------------------------------------------------------------------------------
 # The op's plan cache
-class _OnePE:
-    """Host collectives of a job of one PE."""
-    rank, size, name = 0, 1, "test"
-
-    def barrier_within(self, timeout_s):
-        return True
-
-    def allgather(self, obj):
-        return [obj]
-
-
 class _Op(F.FusedGEMM):
     """A FusedGEMM with only what its plans and prepare use (no GPU): its PlanInputs, a runtime stub of PE `rank`
     (of a job of one, for the host collectives), calls that plan as a call does and launch nothing."""
@@ -339,7 +329,7 @@ class _Op(F.FusedGEMM):
     def __init__(self, inp: plan_inputs.PlanInputs, capacity: int, rank: int = 0):
         self.inputs, self.family, self.max_m = inp, inp.family, 65536
         self.layouts = ("kn", "nk")
-        self.rt = type("Rt", (), {"rank": rank, "world_size": inp.world, "device": 0, "host": _OnePE(),
+        self.rt = type("Rt", (), {"rank": rank, "world_size": inp.world, "device": 0, "host": OnePE(),
                                   "timeout_s": 5.0})()
         self.budget = type("Budget", (), {"source": "test"})()
         self._plans = cache.PlanCache(capacity)

@@ -145,6 +145,11 @@ class _MoEOp:
         self.fp8 = dtype == E4M3
         self.out_dtype = torch.bfloat16  # (the fp8 products too)
 
+    def __repr__(self) -> str:
+        return (f"{self.op}(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts={self.num_experts}, "
+                f"topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world={self.rt.world_size}; "
+                f"{self.path()})")
+
     def weight_shape(self, n: int, k: int) -> tuple[int, int, int]:
         return (self.num_experts, n, k) if self.layout == "nk" else (self.num_experts, k, n)
 
@@ -209,11 +214,6 @@ class AllGatherGroupGEMM(_MoEOp):
         self.route_ag = AllGather(self.shard_m, self._route_cols, torch.float32, comm_blocks=min(comm_blocks, 4)) \
             if W > 1 else None
 
-    def __repr__(self) -> str:
-        return (f"AllGatherGroupGEMM(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts="
-                f"{self.num_experts}, topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world="
-                f"{self.rt.world_size}; {self.path()})")
-
     def path(self) -> str:
         return ("decomposed: our AllGather of tokens and routing, then torch's grouped GEMM (the fused grouped "
                 "kernel is issue 38's next step)" if self.rt.world_size > 1 else
@@ -221,11 +221,10 @@ class AllGatherGroupGEMM(_MoEOp):
 
     def gather_routing(self, topk_ids: torch.Tensor, topk_weights: Optional[torch.Tensor],
                        token_scales: Optional[torch.Tensor] = None):
-        """Every PE's ids (int64) and weights (fp32, or None), PE order; with token_scales ([m] fp32, fp8 ops) also
-        every PE's token scales."""
+        """Every PE's ids (int64), weights (fp32) and token scales ([m] fp32, fp8 ops), PE order; None where not
+        given."""
         if self.route_ag is None:
-            out = (topk_ids.to(torch.int64), None if topk_weights is None else topk_weights.float())
-            return out if token_scales is None else out + (token_scales,)
+            return (topk_ids.to(torch.int64), None if topk_weights is None else topk_weights.float(), token_scales)
         m, k = topk_ids.shape
         # (packed as int32 words, the fp32 bits among them: only integer copies touch them, and the all-gather
         # moves bytes)
@@ -238,9 +237,7 @@ class AllGatherGroupGEMM(_MoEOp):
         got = self.route_ag(packed.view(torch.float32), copy=False).view(torch.int32)
         ids = got[:, :k].to(torch.int64)
         weights = None if topk_weights is None else got[:, k:2 * k].contiguous().view(torch.float32)
-        if token_scales is None:
-            return ids, weights
-        return ids, weights, got[:, 2 * k].contiguous().view(torch.float32)
+        return ids, weights, None if token_scales is None else got[:, 2 * k].contiguous().view(torch.float32)
 
     def __call__(self, x: torch.Tensor, topk_ids: torch.Tensor, w: torch.Tensor, *,
                  topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
@@ -264,10 +261,8 @@ class AllGatherGroupGEMM(_MoEOp):
                 raise ValueError(f"topk_weights must be a float tensor of shape ({m}, {self.topk}) on {x.device}")
         self.check_weight(w, self.inter, self.hidden)
         self.check_bias(bias, (self.num_experts, self.inter))
-        if self.fp8:
-            ids, weights, scales = self.gather_routing(topk_ids, topk_weights, row_scales("scale", scale, m, x.device))
-        else:
-            (ids, weights), scales = self.gather_routing(topk_ids, topk_weights), None
+        ids, weights, scales = self.gather_routing(topk_ids, topk_weights,
+                                                   row_scales("scale", scale, m, x.device) if self.fp8 else None)
         if check_ids:
             pmoe.check_ids(ids, self.num_experts, m)
         routing = pmoe.route(ids, self.num_experts, weights)
@@ -297,11 +292,6 @@ class GroupGEMMReduceScatter(_MoEOp):
         super().__init__("GroupGEMMReduceScatter", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
         self.rs = ReduceScatter(max_m, hidden, self.out_dtype, comm_blocks=comm_blocks) \
             if self.rt.world_size > 1 else None
-
-    def __repr__(self) -> str:
-        return (f"GroupGEMMReduceScatter(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts="
-                f"{self.num_experts}, topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world="
-                f"{self.rt.world_size}; {self.path()})")
 
     def path(self) -> str:
         return ("decomposed: torch's grouped GEMM, the top-k combine in fp32, then our ReduceScatter (the fused "

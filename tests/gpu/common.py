@@ -47,6 +47,17 @@ def capture(fn):
     return g, out
 
 
+def expect_errors(bad) -> None:
+    """Each (call, exception type, word) of `bad` must raise that exception with the word in its message."""
+    for fn, exc, word in bad:
+        try:
+            fn()
+        except exc as e:
+            assert word in str(e), f"message {e!r} lacks {word!r}"
+        else:
+            raise AssertionError(f"no {exc.__name__} for a bad call ({word})")
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-7)
 

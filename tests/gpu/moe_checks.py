@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import flux_shmem
-from common import check, rel_err
+from common import capture, check, rel_err
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -174,15 +174,7 @@ def moe_graph_replays(rt):
         return reference(torch.cat(xs), torch.cat(i), torch.cat(w), w1, w2, "nk")[me * m:(me + 1) * m]
 
     load(20)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = step()
+    g, out = capture(step)
     for seed in (21, 22, 23):
         ref = load(seed)
         out.fill_(float("nan"))
