@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import costs
+from .fast_ag import ag_arrivals  # (the dense AllGatherGEMM's arrival model: the same all-gather)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +176,6 @@ def fused_estimate(ids: np.ndarray, num_experts: int, *, world: int, node_size: 
     (`tile_order`) on the SMs left beside the comm kernel; against the all-gather then the grouped GEMM on all
     `sms` (its all-gather alone on decomposed_comm_blocks blocks, as the decomposed op runs it). A tile's time is
     `gemm`'s (K = hidden) at tile_m x tile_n; n is the experts' output width per PE."""
-    from .fast_ag import ag_arrivals  # (the dense AllGatherGEMM's arrival model: the same all-gather)
     ids = np.asarray(ids)
     m_total = ids.shape[0]
     if m_total % world:
