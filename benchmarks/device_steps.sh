@@ -45,6 +45,8 @@
 #                   share): mode 'auto' against fused, decomposed and cuBLAS + our collective, M 64-16384 on six shard
 #                   shapes; fails where auto is more than 5% slower than the best
 #   moe1 / moe2 / moeput2  the MoE op checks (group moe: issue 38) with 1 PE, 2 PEs under MPS, 2 PEs forced puts
+#   moebench2 / moebench4  benchmarks/moe.py with 2 / 4 PEs under MPS, links emulated as autosweep's: decomposed vs
+#                   pipelined per op and block, Mixtral-8x7B and Qwen3-30B-A3B shards, M = MOE_TOKENS (8192)
 #   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
 #                   FP8_FAMILY default both) vs torch._scaled_mm, records in $OUT/gemm_fp8.jsonl
 # Each step is bounded by STEP_TIMEOUT seconds (default 240; STEP:SECONDS for one step) and the next one runs
@@ -126,6 +128,12 @@ print(','.join(f'{m}x{n}x{k}' for n, k in nk for m in ms))")" --layouts nk --tun
     moe2) timeout "$T" bash $S mps checks 2 moe | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     moeput2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 moe | grep -E "CHECK|Error|error|assert"
       echo "exit status ${PIPESTATUS[0]}" ;;
+    moebench2) FLUX_SHMEM_LINK_GBPS=174.545 timeout "$T" bash $S mps run 2 --ops moe \
+      --models mixtral-8x7b,qwen3-30b-a3b --tokens "${MOE_TOKENS:-8192}" --iters 20 --warmup 3 --jsonl "$OUT/moe2.jsonl" \
+      | grep -E "^moe|^#|Error|error|FAILED" ;;
+    moebench4) FLUX_SHMEM_LINK_GBPS=87.273 timeout "$T" bash $S mps run 4 --ops moe \
+      --models mixtral-8x7b,qwen3-30b-a3b --tokens "${MOE_TOKENS:-8192}" --iters 20 --warmup 3 --jsonl "$OUT/moe4.jsonl" \
+      | grep -E "^moe|^#|Error|error|FAILED" ;;
     fp8ops1) timeout "$T" bash $S checks 1 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8ops2) timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;
     fp8put2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 fp8 | grep -E "CHECK|Error|error|assert" ;;

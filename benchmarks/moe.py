@@ -12,11 +12,13 @@ deepseek-v3 (7168, 2048, 256 routed experts, top-8; its shared expert is a dense
 four times as likely).
 
 Implementations (each checked first against an fp64 reference of the block on a sample of tokens):
-  flux       our ops (decomposed today: our AllGather / ReduceScatter, torch._grouped_mm, the fp32 combine)
+  flux       our ops, decomposed: our AllGather / ReduceScatter, torch._grouped_mm, the fp32 combine
+  pipelined  our ops in mode 'pipelined' (the same kernels overlapped block by block; W > 1)
   torch      torch._grouped_mm with NCCL all_gather_into_tensor / reduce_scatter_tensor (needs one GPU per rank)
   loop       a per-expert torch.matmul loop with the same NCCL collectives
 Where ranks share a GPU (MPS) NCCL cannot run: only flux is timed, the reason printed. Lines:
-  moe <op> <model> <routing> W=<w> M=<m>: flux X ms, torch+nccl Y ms, loop Z ms
+  moe <op> <model> <routing> W=<w> M=<m>: flux X ms, pipelined P ms, torch Y ms, loop Z ms
+Links are emulated as for every op (FLUX_SHMEM_LINK_GBPS, runtime/pacing.py) when the environment asks.
 --predict W needs no GPU: the planner's model of the fused AllGatherGroupGEMM (not built yet) against the
 decomposed one, per model and routing (predictions, not measurements).
 Exit codes: 0 ok, 1 a check failed, 2 bad arguments, 3 no GPU.
@@ -203,8 +205,10 @@ def _run(args) -> int:
         g = torch.Generator(device=dev).manual_seed(1234)
         w1 = (torch.randn(E, inter, H, generator=g, device=dev) * H ** -0.5).to(torch.bfloat16)
         w2 = (torch.randn(E, H, inter, generator=g, device=dev) * inter ** -0.5).to(torch.bfloat16)
-        ag = flux_shmem.AllGatherGroupGEMM(W * m, H, inter, E, K)
-        rs = flux_shmem.GroupGEMMReduceScatter(W * m, H, inter, E, K)
+        ag = flux_shmem.AllGatherGroupGEMM(W * m, H, inter, E, K, mode="decomposed")
+        rs = flux_shmem.GroupGEMMReduceScatter(W * m, H, inter, E, K, mode="decomposed")
+        pag = flux_shmem.AllGatherGroupGEMM(W * m, H, inter, E, K, mode="pipelined") if W > 1 else None
+        prs = flux_shmem.GroupGEMMReduceScatter(W * m, H, inter, E, K, mode="pipelined") if W > 1 else None
         for routing in args.routing:
             gen = torch.Generator(device=dev).manual_seed(99 + me)
             x = torch.randn(m, H, generator=gen, device=dev).to(torch.bfloat16)
@@ -223,11 +227,19 @@ def _run(args) -> int:
             def flux_rs():
                 return rs(h, w2, r)
 
-            def flux_block():
-                yy, rr = ag(x, ids, w1, topk_weights=wts, check_ids=False)
-                return rs(torch.nn.functional.silu(yy.float()).to(torch.bfloat16), w2, rr)
+            def flux_block(a=ag, b=rs):
+                yy, rr = a(x, ids, w1, topk_weights=wts, check_ids=False)
+                return b(torch.nn.functional.silu(yy.float()).to(torch.bfloat16), w2, rr)
 
             impls = {"ag": {"flux": flux_ag}, "rs": {"flux": flux_rs}, "block": {"flux": flux_block}}
+            checks = [flux_block]
+            if pag is not None:
+                py, pr = pag(x, ids, w1, topk_weights=wts, check_ids=False)  # (rows in its blocked layout)
+                ph = torch.nn.functional.silu(py.float()).to(torch.bfloat16)
+                impls["ag"]["pipelined"] = lambda: pag(x, ids, w1, topk_weights=wts, check_ids=False)
+                impls["rs"]["pipelined"] = lambda: prs(ph, w2, pr)
+                impls["block"]["pipelined"] = lambda: flux_block(pag, prs)
+                checks.append(lambda: flux_block(pag, prs))
             if nccl is None:
                 xg = torch.empty(W * m, H, dtype=torch.bfloat16, device=dev)
                 rg = torch.empty(W * m, 2 * K, dtype=torch.int32, device=dev)
@@ -255,8 +267,8 @@ def _run(args) -> int:
                     return torch_rs(torch.nn.functional.silu(yy.float()).to(torch.bfloat16), rr, loop)
 
                 impls["block"].update(torch=lambda: torch_block(), loop=lambda: torch_block(True))
-            # correctness: the block against fp64 on this PE's first 64 tokens
-            err = _check_block(comm, flux_block(), x, ids, wts, w1, w2, me, H)
+            # correctness: the block (each of our paths) against fp64 on this PE's first 64 tokens
+            err = max(_check_block(comm, f(), x, ids, wts, w1, w2, me, H) for f in checks)
             ok = err < TOL
             failed += not ok
             sync = (lambda: dist.barrier()) if nccl is None else (lambda: comm.Barrier())

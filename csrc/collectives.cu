@@ -95,6 +95,31 @@ extern "C" __global__ void fs_wait_signal(const __grid_constant__ WaitArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// One block waits until flags[first + i * stride] >= *target for every i < count: a stream held until chunk c of
+// every PE's all-gather shard is here (first = c, stride = chunks per shard), for consumers that are not our GEMMs
+// (the MoE ops' pipelined grouped GEMMs). The target is a device word (the all-gather's epoch), so a replayed graph
+// waits for its own call; one thread per flag, so the polls overlap, each with the runtime's timeout.
+struct WaitFlagsArgs {
+  Ctx ctx;
+  const uint64_t* flags;
+  const uint64_t* target;
+  int first;
+  int stride;
+  int count;
+  int site;  // what a timeout report calls the flags (kSite*), with index first + i * stride
+};
+
+extern "C" __global__ void fs_wait_flags(const __grid_constant__ WaitFlagsArgs a) {
+#ifdef FS_DEVICE_PASS
+  const uint64_t e = *a.target;
+  for (int i = threadIdx.x; i < a.count; i += blockDim.x) {
+    const int idx = a.first + i * a.stride;
+    if (!wait_ge(a.ctx, a.flags + idx, e, a.site, idx)) break;
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Test hook / ReduceScatter.input_buffer: wait until every PE of my node has finished reading my reduce-scatter
 // input of the previous call (done[q] >= epoch - 1).
 struct WaitDoneArgs {

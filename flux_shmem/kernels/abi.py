@@ -33,6 +33,11 @@ class WaitArgs(ctypes.Structure):
     _fields_ = [("ctx", Ctx), ("sig", c_ptr), ("expected", c_u64), ("site", c_i32), ("index", c_i32)]
 
 
+class WaitFlagsArgs(ctypes.Structure):
+    _fields_ = [("ctx", Ctx), ("flags", c_ptr), ("target", c_ptr), ("first", c_i32), ("stride", c_i32),
+                ("count", c_i32), ("site", c_i32)]
+
+
 class Pace(ctypes.Structure):
     """Link emulation (csrc/include/flux_shmem/pace.cuh): clock null or fs_per_byte 0 = not paced."""
     _fields_ = [("clock", c_ptr), ("fs_per_byte", ctypes.c_uint32 * 2), ("latency_ns", ctypes.c_uint32 * 2)]

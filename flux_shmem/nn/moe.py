@@ -180,8 +180,12 @@ class MoE(nn.Module):
             raise ValueError(f"MoE: inter = {inter} does not split over {W} PEs: use a multiple of {W}")
         self.hidden, self.inter, self.num_experts, self.topk = hidden, inter, num_experts, topk
         self.inter_local, self.norm_topk, self.check_ids, self.world_size = inter // W, norm_topk, check_ids, W
-        up = ops.AllGatherGroupGEMM(max_tokens, hidden, 2 * self.inter_local, num_experts, topk, dtype)
-        down = ops.GroupGEMMReduceScatter(max_tokens, hidden, self.inter_local, num_experts, topk, dtype)
+        # (decomposed: the custom ops pass the routing as tensors of the one-block layout; the pipelined ops'
+        # blocked layout is not in their signatures yet)
+        up = ops.AllGatherGroupGEMM(max_tokens, hidden, 2 * self.inter_local, num_experts, topk, dtype,
+                                    mode="decomposed")
+        down = ops.GroupGEMMReduceScatter(max_tokens, hidden, self.inter_local, num_experts, topk, dtype,
+                                          mode="decomposed")
         # (the router weights' gradient, summed over PEs: one small fp32 reduce-scatter of 16-byte rows)
         weights_rs = None
         if W > 1:

@@ -36,14 +36,17 @@ class AllGather:
     Built once for shards of up to `max_rows` rows (collective: allocates symmetric buffers), then called like a
     function on torch's current stream. `chunk_rows` sets the signal granularity; `comm_blocks` how many thread
     blocks move data. `copy_engine=True` also allocates the flags of the copy-engine path (`launch_ce`).
+    `chunk_major=True` sends chunk by chunk to every PE instead of PE by PE (`schedules.ag_units`), for consumers
+    that wait for chunk c of every shard at once.
     """
 
     def __init__(self, max_rows: int, cols: int, dtype: torch.dtype = torch.bfloat16, *,
-                 chunk_rows: int | None = None, comm_blocks: int = 16, copy_engine: bool = False):
+                 chunk_rows: int | None = None, comm_blocks: int = 16, copy_engine: bool = False,
+                 chunk_major: bool = False):
         with collective.all_or_none("AllGather construction"):  # an error on one PE reaches every PE
-            self._construct(max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine)
+            self._construct(max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine, bool(chunk_major))
 
-    def _construct(self, max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine) -> None:
+    def _construct(self, max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine, chunk_major) -> None:
         self.rt = get_runtime()
         self.max_rows, self.cols = positive("max_rows", max_rows), positive("cols", cols)
         check_dtype("AllGather", dtype, _DTYPES)
@@ -51,8 +54,10 @@ class AllGather:
         elem = torch.empty((), dtype=dtype).element_size()
         self.chunk_rows = positive("chunk_rows", chunk_rows) if chunk_rows is not None else \
             default_chunk_rows(max_rows, cols, elem, self.rt.world_size, comm_blocks)
-        symmetric.agree("AllGather(max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine)",
-                        (self.max_rows, self.cols, str(dtype), self.chunk_rows, self.comm_blocks, copy_engine))
+        self.chunk_major = chunk_major
+        symmetric.agree("AllGather(max_rows, cols, dtype, chunk_rows, comm_blocks, copy_engine, chunk_major)",
+                        (self.max_rows, self.cols, str(dtype), self.chunk_rows, self.comm_blocks, copy_engine,
+                         chunk_major))
         W = self.rt.world_size
         self.max_chunks = -(-self.max_rows // self.chunk_rows)
         self.gather = symmetric.empty((W * self.max_rows, self.cols), dtype)
@@ -89,7 +94,8 @@ class AllGather:
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             chunks = -(-rows // self.chunk_rows)
-            return plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks), f"cuda:{rt.device}",
+            return plan_tensors(ag_plan(rt.rank, rt.world_size, rt.node_size, chunks, blocks, self.chunk_major),
+                                f"cuda:{rt.device}",
                                 multiple=cluster)
         return self._plans.entry((rows, blocks, cluster), make, pin=pin, capturing=capturing())
 

@@ -10,10 +10,15 @@ that `Routing` and the second takes it back, so a Mixtral-style block is
     y, r = ag(x, topk_ids, w_up, topk_weights=w)     # x: this PE's tokens, ids / weights: its router's top-k
     out = rs(act(y), w_down, r)                      # this PE's tokens again
 
-What runs today is the decomposed path: our AllGather (tokens, and the ids with the weights in one small gather),
+Two paths run today. 'decomposed': our AllGather (tokens, and the ids with the weights in one small gather),
 torch's grouped GEMM (`torch._grouped_mm`, CUTLASS grouped kernels on sm90), the top-k combine in fp32, our
-ReduceScatter. The fused grouped kernel (tiles that wait only on the chunks they read: `plan.moe.tile_waits`) is
-the next step of issue 38; mode='fused' says so.
+ReduceScatter. 'pipelined': the same kernels overlapped chunk by chunk. The rows come in blocks (`Routing`: block
+s = the pairs of tokens [s c, (s + 1) c) of every PE's shard, expert by expert), and one grouped GEMM per block
+runs on the current stream while our comm kernels move the other blocks on a side stream: the all-gather sends
+chunk by chunk (`chunk_major`) and block s waits only for chunk s of every shard (`fs_wait_flags`); the down
+projection combines block s into its rows of the reduce-scatter's symmetric addend, marks those tiles, and the
+reduce kernel sums each unit once every PE of the node has marked it. The fused grouped kernel (tiles that wait
+only on the chunks they read: `plan.moe.tile_waits`) is the next step of issue 38; mode='fused' says so.
 """
 from __future__ import annotations
 
@@ -21,17 +26,22 @@ from typing import Optional
 
 import torch
 
+from ..kernels import abi
+from ..kernels.module import load
 from ..plan import moe as pmoe
-from ..runtime import collective, symmetric
+from ..plan.schedules import chunk_step_of_tiles
+from ..runtime import collective, partition, signals, symmetric
+from ..runtime.sm_budget import sm_budget
 from ..runtime.state import get_runtime
-from ._validate import check_tensor, positive
+from ._validate import capturing, check_tensor, not_capturing, positive
 from .all_gather import AllGather
 from .reduce_scatter import ReduceScatter
 
 E4M3 = torch.float8_e4m3fn
 DTYPES = (torch.bfloat16, E4M3)  # torch._grouped_mm's CUDA kernels take bf16; e4m3: torch._scaled_grouped_mm
 LAYOUTS = ("nk", "kn")       # expert weights [E, N, K] (as nn.Linear stores them) or [E, K, N]
-MODES = ("auto", "decomposed", "fused")
+MODES = ("auto", "decomposed", "pipelined", "fused")
+PIPELINE_STEPS = 4  # blocks of a full shard in mode 'pipelined' (a shard of fewer rows has fewer)
 
 
 def grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, layout: str) -> torch.Tensor:
@@ -47,6 +57,26 @@ def combine(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor)
     m, topk = routing.tokens, routing.topk
     by_slot = partial.index_select(0, routing.inverse).view(m, topk, -1).float()
     return torch.einsum("tjn,tj->tn", by_slot, weights.float()).to(partial.dtype)
+
+
+def combine_block(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor, block: int) -> torch.Tensor:
+    """`combine` of one block of a blocked routing: partial [block rows, N] (the block's grouped rows) -> [world,
+    t1 - t0, N], the block's tokens of every PE's shard, PE by PE."""
+    lo, _, t0, t1 = routing.blocks()[block]
+    m, k = routing.shard_tokens, routing.topk
+    world = routing.tokens // m
+    idx = routing.inverse.view(world, m, k)[:, t0:t1].reshape(-1) - lo
+    by_slot = partial.index_select(0, idx).view(world, t1 - t0, k, -1).float()
+    return torch.einsum("ptjn,ptj->ptn", by_slot, weights.view(world, m, k)[:, t0:t1].float()).to(partial.dtype)
+
+
+def wait_flags(flags: torch.Tensor, first: int, stride: int, count: int, target: torch.Tensor, stream) -> None:
+    """Hold `stream` until flags[first + i * stride] >= target[0] for every i < count (csrc fs_wait_flags: the
+    runtime's timeout, reporting the flag)."""
+    args = abi.WaitFlagsArgs(ctx=signals.ctx(), flags=flags.data_ptr(), target=target.data_ptr(), first=first,
+                             stride=stride, count=count, site=2)
+    load("collectives").kernel("fs_wait_flags").launch(args, 1, max(32, min(1024, -(-count // 32) * 32)),
+                                                       stream=stream)
 
 
 def _check_choice(name: str, v, allowed) -> None:
@@ -144,6 +174,11 @@ class _MoEOp:
         self.op = op
         self.fp8 = dtype == E4M3
         self.out_dtype = torch.bfloat16  # (the fp8 products too)
+        self.comm_stream, self.sms = None, 0
+        if self.pipelined():  # its comm kernels run on a side stream, beside the current stream's grouped GEMMs
+            self.sms = sm_budget(self.rt.device).sms
+            self.comm_stream = partition.side_stream(self.rt.device,
+                                                     priority=min(torch.cuda.Stream.priority_range()))
 
     def __repr__(self) -> str:
         return (f"{self.op}(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts={self.num_experts}, "
@@ -180,6 +215,25 @@ class _MoEOp:
         return scaled_grouped_mm(a, w, a_rows_scale, expert_scales("w_scale", w_scale, self.num_experts, n, a.device),
                                  offs)
 
+    def grouped(self, a: torch.Tensor, w: torch.Tensor, routing: pmoe.Routing, a_rows_scale, w_scale,
+                n: int) -> torch.Tensor:
+        """`product` over every row of `routing`'s layout: one grouped GEMM, or one per block (blocked)."""
+        if not routing.blocked:
+            return self.product(a, w, routing.offs, a_rows_scale, w_scale, n)
+        out = torch.empty((a.shape[0], n), dtype=self.out_dtype, device=a.device)
+        for s, (lo, hi, _, _) in enumerate(routing.blocks()):
+            out[lo:hi] = self.product(a[lo:hi], w, routing.block_offs(s),
+                                      None if a_rows_scale is None else a_rows_scale[lo:hi], w_scale, n)
+        return out
+
+    def pipelined(self) -> bool:
+        return self.mode == "pipelined" and self.rt.world_size > 1
+
+    def comm_blocks_beside(self, blocks: int) -> int:
+        """Comm blocks beside torch's grouped GEMM (which sizes its grid for the whole GPU): at most an eighth of
+        this context's SMs."""
+        return max(1, min(blocks, self.sms // 8))
+
     def check_tokens(self, m: int) -> None:
         if not 0 < m <= self.shard_m:
             raise ValueError(f"this PE holds {m} tokens; the op takes 1..{self.shard_m} per PE (max_m={self.max_m} "
@@ -210,14 +264,20 @@ class AllGatherGroupGEMM(_MoEOp):
         # ids, weights (fp32 bits) and, fp8, the token's scale (fp32 bits) in one row of 16-byte multiples: one
         # small gather of int32 words
         self._route_cols = -(-(2 * topk + int(self.fp8)) // 4) * 4
-        self.ag = AllGather(self.shard_m, hidden, dtype, comm_blocks=comm_blocks) if W > 1 else None
+        # pipelined: chunks of a PE's shard sent chunk by chunk, one per block of grouped rows
+        chunk = dict(chunk_rows=-(-self.shard_m // PIPELINE_STEPS), chunk_major=True) if self.pipelined() else {}
+        self.ag = AllGather(self.shard_m, hidden, dtype, comm_blocks=comm_blocks, **chunk) if W > 1 else None
         self.route_ag = AllGather(self.shard_m, self._route_cols, torch.float32, comm_blocks=min(comm_blocks, 4)) \
             if W > 1 else None
 
     def path(self) -> str:
+        if self.rt.world_size == 1:
+            return "one PE: torch's grouped GEMM, nothing to communicate"
+        if self.pipelined():
+            return (f"pipelined: our AllGather of tokens chunk by chunk ({self.ag.chunk_rows} rows of each shard) on "
+                    "a side stream, torch's grouped GEMM per block of rows as its chunks arrive")
         return ("decomposed: our AllGather of tokens and routing, then torch's grouped GEMM (the fused grouped "
-                "kernel is issue 38's next step)" if self.rt.world_size > 1 else
-                "one PE: torch's grouped GEMM, nothing to communicate")
+                "kernel is issue 38's next step)")
 
     def gather_routing(self, topk_ids: torch.Tensor, topk_weights: Optional[torch.Tensor],
                        token_scales: Optional[torch.Tensor] = None):
@@ -261,18 +321,54 @@ class AllGatherGroupGEMM(_MoEOp):
                 raise ValueError(f"topk_weights must be a float tensor of shape ({m}, {self.topk}) on {x.device}")
         self.check_weight(w, self.inter, self.hidden)
         self.check_bias(bias, (self.num_experts, self.inter))
+        if self.pipelined():
+            y, routing, rows = self._pipelined(x, topk_ids, w, topk_weights, scale, w_scale, check_ids,
+                                               return_rows)
+        else:
+            ids, weights, scales = self.gather_routing(topk_ids, topk_weights,
+                                                       row_scales("scale", scale, m, x.device) if self.fp8 else None)
+            if check_ids:
+                pmoe.check_ids(ids, self.num_experts, m)
+            routing = pmoe.route(ids, self.num_experts, weights)
+            tokens = self.ag(x, copy=False) if self.ag is not None else x
+            rows = tokens.index_select(0, routing.rows)
+            y = self.product(rows, w, routing.offs, None if scales is None else scales.index_select(0, routing.rows),
+                             w_scale, self.inter)
+        if bias is not None:
+            y += bias.index_select(0, routing.ids.reshape(-1).index_select(0, routing.perm))
+        return (y, routing, rows) if return_rows else (y, routing)
+
+    def _pipelined(self, x, topk_ids, w, topk_weights, scale, w_scale, check_ids: bool, return_rows: bool):
+        """The tokens' all-gather starts first on the side stream, chunk by chunk; the routing is gathered and
+        laid out in blocks (one per chunk) meanwhile; block s's grouped GEMM waits for chunk s of every shard."""
+        signals.check_errors()
+        rt, ag, main = self.rt, self.ag, torch.cuda.current_stream()
+        W, m = rt.world_size, x.shape[0]
+        chunks = -(-m // ag.chunk_rows)
+        self.comm_stream.wait_stream(main)
+        # (each destination's chunks one after another, a few blocks per destination: chunk s of every shard
+        # arrives before chunk s + 1)
+        per_dest = max(1, self.comm_blocks_beside(ag.comm_blocks) // ((W - 1) * chunks))
+        tokens = ag.launch(x, stream=self.comm_stream, wait_all=False, blocks=(W - 1) * per_dest)
+        if not capturing():  # the allocator must not reuse x before the side stream has read it
+            x.record_stream(self.comm_stream)
         ids, weights, scales = self.gather_routing(topk_ids, topk_weights,
                                                    row_scales("scale", scale, m, x.device) if self.fp8 else None)
         if check_ids:
             pmoe.check_ids(ids, self.num_experts, m)
-        routing = pmoe.route(ids, self.num_experts, weights)
-        tokens = self.ag(x, copy=False) if self.ag is not None else x
-        rows = tokens.index_select(0, routing.rows)
-        y = self.product(rows, w, routing.offs, None if scales is None else scales.index_select(0, routing.rows),
-                         w_scale, self.inter)
-        if bias is not None:
-            y += bias.index_select(0, ids.reshape(-1).index_select(0, routing.perm))
-        return (y, routing, rows) if return_rows else (y, routing)
+        routing = pmoe.route(ids, self.num_experts, weights, shard_tokens=m, chunk_tokens=ag.chunk_rows)
+        y = torch.empty((W * m * self.topk, self.inter), dtype=self.out_dtype, device=x.device)
+        token_rows = routing.rows
+        for s, (lo, hi, _, _) in enumerate(routing.blocks()):  # (block s: chunk s of every shard)
+            wait_flags(ag.flags, s, chunks, W, ag.sync.epoch, main)
+            rows = tokens.index_select(0, token_rows[lo:hi])
+            y[lo:hi] = self.product(rows, w, routing.block_offs(s),
+                                    None if scales is None else scales.index_select(0, token_rows[lo:hi]),
+                                    w_scale, self.inter)
+        rows = tokens.index_select(0, token_rows) if return_rows else None
+        main.wait_stream(self.comm_stream)
+        ag.sync.bump(main)
+        return y, routing, rows
 
 
 class GroupGEMMReduceScatter(_MoEOp):
@@ -292,11 +388,30 @@ class GroupGEMMReduceScatter(_MoEOp):
         super().__init__("GroupGEMMReduceScatter", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
         self.rs = ReduceScatter(max_m, hidden, self.out_dtype, comm_blocks=comm_blocks) \
             if self.rt.world_size > 1 else None
+        self._marks: dict[tuple[int, int], list[torch.Tensor]] = {}  # pipelined: tiles each block completes
 
     def path(self) -> str:
+        if self.rt.world_size == 1:
+            return "one PE: torch's grouped GEMM and the top-k combine, nothing to communicate"
+        if self.pipelined():
+            return ("pipelined: torch's grouped GEMM and the top-k combine per block of a blocked routing (from "
+                    "AllGatherGroupGEMM(mode='pipelined')), our reduce kernel beside them on a side stream summing "
+                    "each block's rows once every PE has written them")
         return ("decomposed: torch's grouped GEMM, the top-k combine in fp32, then our ReduceScatter (the fused "
-                "grouped kernel is issue 38's next step)" if self.rt.world_size > 1 else
-                "one PE: torch's grouped GEMM and the top-k combine, nothing to communicate")
+                "grouped kernel is issue 38's next step)")
+
+    def marks(self, rows: int, seg_rows: int, chunk_rows: int) -> list[torch.Tensor]:
+        """Per block of a blocked routing: the reduce-scatter addend's M-tiles (int64, device) complete once the
+        block's rows are written (`schedules.chunk_step_of_tiles`). Made on the first call of a shape (not
+        inside a CUDA-graph capture: call once before capturing)."""
+        key = (rows, chunk_rows)
+        if key not in self._marks:
+            not_capturing(f"{self.op}(mode='pipelined') with {rows} rows")
+            step = chunk_step_of_tiles(rows, seg_rows, chunk_rows, self.rs.engine.tile_m)
+            dev = f"cuda:{self.rt.device}"
+            self._marks[key] = [torch.tensor([t for t, st in enumerate(step) if st == s], dtype=torch.int64,
+                                             device=dev) for s in range(max(step) + 1)]
+        return self._marks[key]
 
     def __call__(self, h: torch.Tensor, w: torch.Tensor, routing: pmoe.Routing, *,
                  topk_weights: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
@@ -326,10 +441,45 @@ class GroupGEMMReduceScatter(_MoEOp):
         if tuple(weights.shape) != (M, self.topk) or not weights.is_floating_point():
             raise ValueError(f"topk_weights must be a float tensor of shape ({M}, {self.topk}): every PE's tokens, "
                              "PE order")
-        partial = self.product(h, w, routing.offs,
-                               row_scales("scale", scale, h.shape[0], h.device) if self.fp8 else None, w_scale,
-                               self.hidden)
+        rows_scale = row_scales("scale", scale, h.shape[0], h.device) if self.fp8 else None
+        if self.pipelined():
+            return self._pipelined(h, w, routing, weights.float().contiguous(), rows_scale, w_scale, bias)
+        partial = self.grouped(h, w, routing, rows_scale, w_scale, self.hidden)
         if bias is not None and rt.rank == 0:  # (one PE adds the experts' biases: the sum over PEs has them once)
             partial += bias.index_select(0, routing.ids.reshape(-1).index_select(0, routing.perm))
         out = combine(partial, routing, weights)
         return self.rs(out) if self.rs is not None else out
+
+    def _pipelined(self, h, w, routing: pmoe.Routing, weights: torch.Tensor, rows_scale, w_scale, bias):
+        """The reduce kernel starts first on the side stream and waits, unit by unit, for the tiles of every
+        node PE's addend; block s's grouped GEMM and combine write rows [s c, (s + 1) c) of every segment of this
+        PE's addend, then mark the tiles they complete."""
+        signals.check_errors()
+        rt, eng, main = self.rt, self.rs.engine, torch.cuda.current_stream()
+        W, M = rt.world_size, routing.tokens
+        m = M // W
+        chunk = routing.chunk_tokens if routing.blocked else m
+        out = torch.empty((m, self.hidden), dtype=self.out_dtype, device=h.device)
+        marks = self.marks(M, m, chunk)
+        eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my addend
+        self.comm_stream.wait_stream(main)
+        eng.launch(M, out, src=None, bias=None, stream=self.comm_stream,
+                   blocks=self.comm_blocks_beside(eng.comm_blocks), chunk_rows=chunk)
+        addend = eng.partial[:M].view(W, m, self.hidden)
+        expert_of_row = routing.ids.reshape(-1).index_select(0, routing.perm) if bias is not None else None
+        for s, (lo, hi, t0, t1) in enumerate(routing.blocks()):
+            partial = self.product(h[lo:hi], w, routing.block_offs(s),
+                                   None if rows_scale is None else rows_scale[lo:hi], w_scale, self.hidden)
+            if bias is not None and rt.rank == 0:  # (once over the PEs, as in the decomposed path)
+                partial += bias.index_select(0, expert_of_row[lo:hi])
+            if routing.blocked:
+                addend[:, t0:t1].copy_(combine_block(partial, routing, weights, s))
+            else:
+                addend.view(M, self.hidden).copy_(combine(partial, routing, weights))
+            # (after the writes on this stream: a peer that sees a mark sees the rows)
+            eng.tile_ready.index_put_((marks[s],), eng.sync.epoch.expand(marks[s].numel()))
+        main.wait_stream(self.comm_stream)
+        if not capturing():
+            out.record_stream(self.comm_stream)
+        eng.sync.bump(main)
+        return out

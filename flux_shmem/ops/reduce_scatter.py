@@ -15,8 +15,8 @@ from ..kernels.module import load
 from ..plan.cache import PlanCache, plan_cache_capacity
 from ..runtime import collective, pacing, signals, symmetric
 from ..runtime.state import Runtime, get_runtime
-from ..plan.schedules import (default_unit_rows, plan_tensors, rs_completion, rs_max_units, rs_plan, rs_split_tail,
-                        rs_tile_order, rs_units)
+from ..plan.schedules import (chunk_completion, default_unit_rows, plan_tensors, rs_completion, rs_max_units,
+                              rs_plan, rs_split_tail, rs_tile_order, rs_units)
 from ._validate import capturing, check_dtype, check_tensor, not_capturing, positive
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -82,34 +82,40 @@ class ReduceEngine:
         self.kernel_flags = kernel_flags(dtype)
 
     def plan(self, rows: int, blocks: int, standalone: bool, swizzle: int = 1, group_tiles: int | None = None,
-             tail: int = 0, tail_blocks: int = 0, *, pin: bool = False) -> tuple:
+             tail: int = 0, tail_blocks: int = 0, *, chunk_rows: int | None = None, pin: bool = False) -> tuple:
         """Device tables of `rs_plan` for `rows` rows on `blocks` blocks, its units `group_tiles` N-tiles wide (None:
         whole rows) in the order a GEMM with `swizzle` completes them (cached), and of its tail (the last `tail`
         pieces that GEMM completes, on `tail_blocks` blocks; None without one): each (items, offsets, blocks that
-        have work); and the units. Bounded like the plans; pin: kept for the op's life (prepare, capture)."""
+        have work); and the units. chunk_rows: the addend is written in steps of chunk_rows rows of every segment
+        (`schedules.chunk_step_of_tiles`, whole rows), and the units follow them. Bounded like the plans; pin: kept
+        for the op's life (prepare, capture)."""
         def make():
             not_capturing(f"{type(self).__name__} with {rows} rows")
             rt = self.rt
             W, L = rt.world_size, rt.node_size
             units = rs_units(rows // W, self.unit_rows, self.tile_m, self.cols, self.tile_n, group_tiles)
-            completion = rs_completion(rs_tile_order(rt.rank, W, L, rows, self.tile_m), self.tiles_n, self.cluster_m,
-                                       swizzle, units.group_tiles)
+            if chunk_rows is not None:
+                completion = chunk_completion(rows, rows // W, chunk_rows, self.tile_m)
+            else:
+                completion = rs_completion(rs_tile_order(rt.rank, W, L, rows, self.tile_m), self.tiles_n,
+                                           self.cluster_m, swizzle, units.group_tiles)
             per_block = rs_plan(rt.rank, W, L, rows, units, blocks, copy_rows=rows if standalone else 0,
                                 completion=completion)
             main, tail_plan = rs_split_tail(per_block, completion, tail, units, max(1, tail_blocks))
             dev = f"cuda:{rt.device}"
             return plan_tensors(main, dev), plan_tensors(tail_plan, dev) if tail_plan else None, units
-        key = (rows, blocks, standalone, swizzle, group_tiles, tail, tail_blocks)
+        key = (rows, blocks, standalone, swizzle, group_tiles, tail, tail_blocks, chunk_rows)
         return self._plans.entry(key, make, pin=pin, capturing=capturing())
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
                stream=None, blocks: int | None = None, swizzle: int = 1, group_tiles: int | None = None,
-               tail: int = 0, tail_blocks: int = 0, part: str = "main") -> None:
+               tail: int = 0, tail_blocks: int = 0, part: str = "main", chunk_rows: int | None = None) -> None:
         """Launch the reduce kernel's `part` of the plan: 'main' (everything, or everything but the tail) or
-        'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer."""
+        'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer.
+        chunk_rows: the addend comes in chunk steps (`plan`)."""
         W, L = self.rt.world_size, self.rt.node_size
         main, tail_plan, units = self.plan(rows, blocks or self.comm_blocks, src is not None, swizzle, group_tiles,
-                                           tail, tail_blocks)
+                                           tail, tail_blocks, chunk_rows=chunk_rows)
         if part == "tail" and tail_plan is None:
             return
         items, offsets, grid = main if part == "main" else tail_plan

@@ -27,15 +27,22 @@ from .fast_ag import ag_arrivals  # (the dense AllGatherGEMM's arrival model: th
 @dataclasses.dataclass(frozen=True)
 class Routing:
     """Where each (token, slot) pair of a gathered batch goes: the grouped GEMMs' row layout. Tensors on the
-    ops' device; made by `route` (AllGatherGroupGEMM returns it, GroupGEMMReduceScatter takes it back)."""
+    ops' device; made by `route` (AllGatherGroupGEMM returns it, GroupGEMMReduceScatter takes it back).
+
+    One block (chunk_tokens 0): every row, expert by expert; offs [experts]. Blocked (the pipelined ops): the
+    rows come in blocks, block s holding the pairs of tokens [s * chunk_tokens, (s + 1) * chunk_tokens) of every
+    PE's shard of shard_tokens, expert by expert inside the block; offs [blocks, experts], each row's ends
+    relative to its block's first row (what one grouped GEMM per block takes)."""
 
     ids: torch.Tensor                 # [M, topk] int64: expert of each (token, slot), gathered rows (PE order)
     weights: Optional[torch.Tensor]   # [M, topk] fp32: the router's combine weights (None: GroupGEMMReduceScatter
     #                                   then needs them per call)
     perm: torch.Tensor                # [M * topk] int64: the flat slot t * topk + j of each grouped row
     inverse: torch.Tensor             # [M * topk] int64: the grouped row of each flat slot
-    offs: torch.Tensor                # [experts] int32: cumulative end row of each expert's rows
+    offs: torch.Tensor                # int32 cumulative end rows: [experts], or [blocks, experts] per block
     num_experts: int
+    shard_tokens: int = 0             # blocked: tokens per PE
+    chunk_tokens: int = 0             # blocked: tokens of each PE's shard per block (0: one block)
 
     @property
     def tokens(self) -> int:
@@ -50,26 +57,67 @@ class Routing:
         """[M * topk] int64: the gathered token row each grouped row reads."""
         return self.perm // self.topk
 
+    @property
+    def blocked(self) -> bool:
+        return self.chunk_tokens > 0
+
+    def blocks(self) -> list[tuple[int, int, int, int]]:
+        """Per block: (first grouped row, end row, first token, end token inside each PE's shard); one block:
+        every row and token."""
+        if not self.blocked:
+            return [(0, self.tokens * self.topk, 0, self.tokens)]
+        m, c, k = self.shard_tokens, self.chunk_tokens, self.topk
+        world = self.tokens // m
+        return [(world * k * t0, world * k * min(m, t0 + c), t0, min(m, t0 + c)) for t0 in range(0, m, c)]
+
+    def block_offs(self, s: int) -> torch.Tensor:
+        """Block s's [experts] int32 ends, relative to its first row."""
+        return self.offs[s] if self.blocked else self.offs
+
     def counts(self) -> torch.Tensor:
         """[experts] int64: rows per expert (a device tensor; reading it on the host synchronises)."""
-        offs = self.offs.to(torch.int64)
-        return torch.diff(offs, prepend=offs.new_zeros(1))
+        offs = self.offs.to(torch.int64).reshape(-1, self.num_experts)
+        return torch.diff(offs, dim=1, prepend=offs.new_zeros(offs.shape[0], 1)).sum(0)
 
 
-def route(ids: torch.Tensor, num_experts: int, weights: Optional[torch.Tensor] = None) -> Routing:
+def route(ids: torch.Tensor, num_experts: int, weights: Optional[torch.Tensor] = None, *,
+          shard_tokens: int = 0, chunk_tokens: int = 0) -> Routing:
     """The grouped layout of `ids` ([M, topk] integer expert ids, each in [0, num_experts): not checked here,
-    see `check_ids`). Stable: inside an expert, rows keep token order, then slot order."""
+    see `check_ids`). Stable: inside an expert (of a block), rows keep token order, then slot order.
+    chunk_tokens > 0 (with shard_tokens, the tokens of each PE; fewer than shard_tokens): blocked (see Routing)."""
     m, topk = ids.shape
     flat = ids.reshape(-1).to(torch.int64)
-    # (stable sort by expert; a token's slots name distinct experts in top-k routing, but duplicates stay correct)
+    blocks = 1
+    if chunk_tokens > 0:
+        if shard_tokens <= 0 or m % shard_tokens:
+            raise ValueError(f"blocked routing needs shard_tokens dividing the {m} tokens, got {shard_tokens}")
+        blocks = -(-shard_tokens // chunk_tokens)
+        if blocks == 1:
+            shard_tokens = chunk_tokens = 0
+    if blocks > 1:
+        token = torch.arange(m, device=ids.device, dtype=torch.int64)
+        block = (token % shard_tokens) // chunk_tokens
+        # (block, expert) keys; an id outside [0, E) (check_ids=False) takes its block's last key, after the
+        # experts: its row is computed by no expert, but stays inside its block, so no block's ends leave it
+        flat = block.repeat_interleave(topk) * (num_experts + 1) + \
+            torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    # (stable sort by key; a token's slots name distinct experts in top-k routing, but duplicates stay correct)
     sorted_ids, perm = torch.sort(flat, stable=True)
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    # offs[e] = rows with expert <= e, from the sorted ids (searchsorted: no host sync, unlike bincount on CUDA)
-    experts = torch.arange(num_experts, device=ids.device, dtype=torch.int64)
-    offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
-    return Routing(ids.to(torch.int64), None if weights is None else weights.to(torch.float32), perm, inverse, offs,
-                   num_experts)
+    # offs[e] = rows with key <= e, from the sorted keys (searchsorted: no host sync, unlike bincount on CUDA)
+    if blocks > 1:
+        keys = torch.arange(blocks * (num_experts + 1), device=ids.device, dtype=torch.int64)
+        offs = torch.searchsorted(sorted_ids, keys, right=True).view(blocks, num_experts + 1)[:, :num_experts]
+        world = m // shard_tokens
+        starts = torch.arange(blocks, device=ids.device, dtype=torch.int64) * (world * topk * chunk_tokens)
+        offs = offs - starts[:, None]
+    else:
+        offs = torch.searchsorted(sorted_ids, torch.arange(num_experts, device=ids.device, dtype=torch.int64),
+                                  right=True)
+    return Routing(ids.to(torch.int64), None if weights is None else weights.to(torch.float32), perm, inverse,
+                   offs.to(torch.int32).contiguous(), num_experts, shard_tokens if blocks > 1 else 0,
+                   chunk_tokens if blocks > 1 else 0)
 
 
 def check_ids(ids: torch.Tensor, num_experts: int, shard_rows: int) -> None:
@@ -87,12 +135,25 @@ def check_ids(ids: torch.Tensor, num_experts: int, shard_rows: int) -> None:
 
 # ------------------------------------------------------------------------------------------------------------
 # Reference layout and the fused kernel's tile tables (numpy mirrors)
-def grouped_rows(ids: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """(perm, offs) of `route` in numpy: the flat slot of each grouped row and each expert's cumulative end."""
-    flat = np.asarray(ids, dtype=np.int64).reshape(-1)
-    perm = np.argsort(flat, kind="stable")
-    offs = np.searchsorted(flat[perm], np.arange(num_experts), side="right")
-    return perm, offs
+def grouped_rows(ids: np.ndarray, num_experts: int, shard_tokens: int = 0, chunk_tokens: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(perm, offs) of `route` in numpy: the flat slot of each grouped row and each expert's cumulative end (of
+    its block, relative to the block's first row, [blocks, experts], when chunk_tokens makes several blocks)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    m, topk = ids.shape
+    blocks = -(-shard_tokens // chunk_tokens) if chunk_tokens > 0 else 1
+    if blocks == 1:
+        flat = ids.reshape(-1)
+        perm = np.argsort(flat, kind="stable")
+        return perm, np.searchsorted(flat[perm], np.arange(num_experts), side="right")
+    token = np.repeat(np.arange(m), topk)
+    block = (token % shard_tokens) // chunk_tokens
+    flat = ids.reshape(-1)
+    key = block * (num_experts + 1) + np.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    perm = np.argsort(key, kind="stable")
+    offs = np.searchsorted(key[perm], np.arange(blocks * (num_experts + 1)), side="right")
+    starts = np.searchsorted(block[perm], np.arange(blocks), side="left")
+    return perm, offs.reshape(blocks, num_experts + 1)[:, :num_experts] - starts[:, None]
 
 
 def group_tiles(offs: Sequence[int], tile_m: int) -> np.ndarray:

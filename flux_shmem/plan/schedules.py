@@ -62,15 +62,22 @@ def _topo(me: int, world: int, node_size: int) -> tuple[int, int, int, int]:
     return L, world // L, me // L, me % L
 
 
-def ag_units(me: int, world: int, node_size: int, chunks: int) -> list[AgUnit]:
-    """Every unit of work PE `me` does for one all-gather, in issue order (module docstring)."""
+def ag_units(me: int, world: int, node_size: int, chunks: int, chunk_major: bool = False) -> list[AgUnit]:
+    """Every unit of work PE `me` does for one all-gather, in issue order (module docstring). chunk_major: my sends
+    chunk by chunk (chunk 0 to every destination, then chunk 1, ...) instead of destination by destination, for a
+    consumer that waits for chunk c of every shard at once (the MoE ops' pipelined grouped GEMMs)."""
     L, nodes, n, l = _topo(me, world, node_size)
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     pe = lambda node, local: (node % nodes) * L + local % L  # noqa: E731
     out = [AgUnit(LOCAL, me, me, c) for c in range(chunks)]
-    out += [AgUnit(PUT, me, pe(n - j, l), c) for j in range(1, nodes) for c in range(chunks)]
-    out += [AgUnit(DIRECT, me, pe(n, l - i), c) for i in range(1, L) for c in range(chunks)]
+    if chunk_major:
+        for c in range(chunks):
+            out += [AgUnit(PUT, me, pe(n - j, l), c) for j in range(1, nodes)]
+            out += [AgUnit(DIRECT, me, pe(n, l - i), c) for i in range(1, L)]
+    else:
+        out += [AgUnit(PUT, me, pe(n - j, l), c) for j in range(1, nodes) for c in range(chunks)]
+        out += [AgUnit(DIRECT, me, pe(n, l - i), c) for i in range(1, L) for c in range(chunks)]
     # Node n + j sent its shard to me in step j (a put, signalled on my receive flag): accept each chunk as it
     # lands (NVSHMEM's wait, which makes the put's data visible here, then its flag for my GEMM), and pass it on.
     for j in range(1, nodes):
@@ -90,9 +97,10 @@ def round_robin(items: Sequence, blocks: int) -> list[list]:
     return per
 
 
-def ag_plan(me: int, world: int, node_size: int, chunks: int, blocks: int) -> list[list[AgUnit]]:
+def ag_plan(me: int, world: int, node_size: int, chunks: int, blocks: int, chunk_major: bool = False
+            ) -> list[list[AgUnit]]:
     """The all-gather kernel's work, per thread block."""
-    return round_robin(ag_units(me, world, node_size, chunks), blocks)
+    return round_robin(ag_units(me, world, node_size, chunks, chunk_major), blocks)
 
 
 class CeCopy(NamedTuple):
@@ -170,6 +178,27 @@ def rs_tile_order(me: int, world: int, node_size: int, m: int, tile_m: int) -> l
             ks.append((p, (max(lo, s * ms) - s * ms) // tile_m, i))
         return max(ks) + (t,)
     return sorted(range(-(-m // tile_m)), key=key)
+
+
+def chunk_step_of_tiles(m: int, seg_rows: int, chunk_rows: int, tile_m: int) -> list[int]:
+    """For a producer that writes an [m, n] reduce-scatter addend in steps, step s writing rows
+    [p*seg_rows + s*chunk_rows, p*seg_rows + (s+1)*chunk_rows) of every segment p (the MoE ops' pipelined grouped
+    GEMM + combine): the step after which each M-tile of tile_m rows is complete (the last step of its rows)."""
+    if min(m, seg_rows, chunk_rows, tile_m) <= 0 or m % seg_rows:
+        raise ValueError(f"bad chunked addend: m={m} seg_rows={seg_rows} (must divide m) chunk_rows={chunk_rows} "
+                         f"tile_m={tile_m}")
+    out = []
+    for t in range(-(-m // tile_m)):
+        lo, hi = t * tile_m, min(m, (t + 1) * tile_m) - 1  # (hi: the tile's last row)
+        out.append(max((min(hi, (seg + 1) * seg_rows - 1) - seg * seg_rows) // chunk_rows
+                       for seg in range(lo // seg_rows, hi // seg_rows + 1)))
+    return out
+
+
+def chunk_completion(m: int, seg_rows: int, chunk_rows: int, tile_m: int) -> list[tuple[int, int]]:
+    """`rs_completion` of a chunked producer (`chunk_step_of_tiles`, whole rows): (M-tile, 0) pieces by step."""
+    step = chunk_step_of_tiles(m, seg_rows, chunk_rows, tile_m)
+    return sorted(((t, 0) for t in range(len(step))), key=lambda p: (step[p[0]], p[0]))
 
 
 def default_unit_rows(cols: int, elem: int, tile_m: int = 128) -> int:

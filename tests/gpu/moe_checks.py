@@ -63,8 +63,9 @@ def reference(x, ids, wts, w1, w2, layout):
     return out
 
 
-def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=None):
-    """One check of the block at these sizes; returns (ag, rs) for reuse."""
+def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=None, modes=("auto", "auto")):
+    """One check of the block at these sizes (the ops built in `modes`, up and down); returns (ag, rs) for
+    reuse."""
     W, me = rt.world_size, rt.rank
     if inter % W:
         raise ValueError(f"inter={inter} must split over {W} PEs")
@@ -73,10 +74,17 @@ def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=N
     ids, wts = routing_inputs(rt, m, experts, topk, kind, seed)
     w1 = expert_weights(experts, inter, hidden, layout, seed + 1)   # up: [E, inter, hidden] (nk)
     w2 = expert_weights(experts, hidden, inter, layout, seed + 2)   # down: [E, hidden, inter] (nk)
-    ag = ag or flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk, layout=layout)
-    rs = rs or flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk, layout=layout)
+    ag = ag or flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk, layout=layout, mode=modes[0])
+    rs = rs or flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk, layout=layout,
+                                                 mode=modes[1])
+    torch.cuda.synchronize()
+    rt.host.barrier()  # (no PE still reads a buffer poisoned here)
     if ag.ag is not None:
         ag.ag.gather.fill_(float("nan"))
+    if rs.rs is not None:
+        rs.rs.engine.partial.fill_(float("nan"))
+    torch.cuda.synchronize()
+    rt.host.barrier()
     y, r = ag(xs[me], ids[me], shard(w1, layout, 1, me, W), topk_weights=wts[me])
     out = rs(torch.nn.functional.silu(y.float()).to(torch.bfloat16), shard(w2, layout, 2, me, W), r)
     ref = reference(torch.cat(xs), torch.cat(ids), torch.cat(wts), w1, w2, layout)[me * m:(me + 1) * m]
@@ -86,6 +94,8 @@ def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=N
     if kind == "empty":
         assert counts[1] == 0 and counts[-1] == 0, counts
     assert sum(counts) == W * m * topk, counts
+    if modes[0] == "pipelined" and W > 1:  # several blocks once a shard has more rows than a chunk
+        assert r.blocked == (m > ag.ag.chunk_rows), (m, ag.ag.chunk_rows, r.blocked)
     return ag, rs
 
 
@@ -98,6 +108,21 @@ def moe_block_matches_fp64(rt):
             ag, rs = block(rt, 96, 256, 512, 8, 2, layout, kind, 1)
             block(rt, 40, 256, 512, 8, 2, layout, kind, 2, ag, rs)
     block(rt, 64, 128, 256, 64, 8, "nk", "balanced", 3)
+
+
+@check("moe")
+def moe_pipelined_block_matches_fp64(rt):
+    """mode='pipelined' (the grouped GEMMs block by block beside our comm kernels): both ops pipelined, every
+    routing kind, both layouts, M with 4 blocks and then with 2 (the last one short, the ops reused); and each op
+    pipelined beside the other decomposed (a blocked routing into the decomposed down projection, a one-block
+    routing into the pipelined one)."""
+    for layout in ("nk", "kn"):
+        for kind in ("balanced", "skewed", "empty"):
+            ag, rs = block(rt, 96, 256, 512, 8, 2, layout, kind, 41, modes=("pipelined", "pipelined"))
+            block(rt, 40, 256, 512, 8, 2, layout, kind, 42, ag, rs)
+    block(rt, 96, 256, 512, 8, 2, "nk", "skewed", 43, modes=("pipelined", "decomposed"))
+    block(rt, 96, 256, 512, 8, 2, "nk", "skewed", 44, modes=("decomposed", "pipelined"))
+    block(rt, 64, 128, 256, 64, 8, "nk", "balanced", 45, modes=("pipelined", "pipelined"))
 
 
 def _quantize(x, dim):
@@ -151,13 +176,19 @@ def moe_fp8_block_matches_dequantized_fp64(rt):
 @check("moe")
 def moe_graph_replays(rt):
     """Both ops captured once in a CUDA graph (check_ids=False: no host sync), replayed on fresh tokens and
-    routing copied into the captured inputs."""
+    routing copied into the captured inputs; decomposed, then pipelined (capture's first, uncaptured call makes the
+    pipelined down projection's tile tables)."""
+    for mode in ("decomposed", "pipelined"):
+        _graph_replays(rt, mode)
+
+
+def _graph_replays(rt, mode):
     W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 64, 128, 256, 8, 2
     w1 = expert_weights(experts, inter, hidden, "nk", 11)
     w2 = expert_weights(experts, hidden, inter, "nk", 12)
     w1s, w2s = shard(w1, "nk", 1, me, W), shard(w2, "nk", 2, me, W)
-    ag = flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk)
-    rs = flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk)
+    ag = flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk, mode=mode)
+    rs = flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk, mode=mode)
     x = torch.empty(m, hidden, device="cuda", dtype=torch.bfloat16)
     ids = torch.zeros(m, topk, device="cuda", dtype=torch.int64)
     wts = torch.zeros(m, topk, device="cuda")
@@ -181,7 +212,7 @@ def moe_graph_replays(rt):
         g.replay()
         torch.cuda.synchronize()
         err = rel_err(out, ref)
-        assert err < 1e-2, (seed, err)
+        assert err < 1e-2, (mode, seed, err)
 
 
 @check("moe")
