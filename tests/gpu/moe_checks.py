@@ -136,12 +136,17 @@ def _quantize(x, dim):
 def moe_fp8_block_matches_dequantized_fp64(rt):
     """Both ops with e4m3 experts (torch._scaled_grouped_mm): tokens with one scale per row (gathered with the
     routing), up weights per output column, down weights one scale per expert; against the dequantized fp64 block
-    (skewed and empty-expert routing)."""
+    (skewed and empty-expert routing), decomposed and pipelined."""
+    for mode in ("decomposed", "pipelined"):
+        _fp8_block(rt, mode)
+
+
+def _fp8_block(rt, mode):
     W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 64, 256, 256, 8, 2
     Is = inter // W
     E4 = torch.float8_e4m3fn
-    ag = flux_shmem.AllGatherGroupGEMM(W * m, hidden, Is, experts, topk, E4)
-    rs = flux_shmem.GroupGEMMReduceScatter(W * m, hidden, Is, experts, topk, E4)
+    ag = flux_shmem.AllGatherGroupGEMM(W * m, hidden, Is, experts, topk, E4, mode=mode)
+    rs = flux_shmem.GroupGEMMReduceScatter(W * m, hidden, Is, experts, topk, E4, mode=mode)
     for kind, seed in (("skewed", 31), ("empty", 32)):
         q = [_quantize(torch.randn(m, hidden, generator=_gen(seed * 1000 + pe), device="cuda"), 1) for pe in range(W)]
         ids, wts = routing_inputs(rt, m, experts, topk, kind, seed)
@@ -167,10 +172,10 @@ def moe_fp8_block_matches_dequantized_fp64(rt):
             contrib = torch.einsum("rk,rnk->rn", h_pe, w2d_pe[e]) * all_w.reshape(-1).cpu().double()[perm_pe][:, None]
             ref.index_add_(0, t, contrib)
         err = rel_err(out, ref[me * m:(me + 1) * m].cuda())
-        assert out.dtype == torch.bfloat16 and err < 2e-2, (kind, err)
+        assert out.dtype == torch.bfloat16 and err < 2e-2, (mode, kind, err)
         # and the up projection alone, this PE's shard, against the dequantized operands
         ref_y = torch.einsum("rk,rnk->rn", xd[r.rows], w1d[all_ids.reshape(-1)[r.perm]])
-        assert rel_err(y, ref_y) < 2e-2, (kind, rel_err(y, ref_y))
+        assert rel_err(y, ref_y) < 2e-2, (mode, kind, rel_err(y, ref_y))
 
 
 @check("moe")
