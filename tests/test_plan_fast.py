@@ -431,7 +431,7 @@ def test_engine_tables_are_bounded(monkeypatch):
     monkeypatch.setattr(all_gather, "plan_tensors", lambda per_block, dev, multiple=1: ("tables", len(per_block)))
     monkeypatch.setattr(reduce_scatter, "plan_tensors", lambda per_block, dev, multiple=1: ("tables", len(per_block)))
     rt = SimpleNamespace(rank=0, world_size=2, node_size=2, device=0)
-    ag = SimpleNamespace(rt=rt, chunk_rows=64, _plans=cache.PlanCache(4))
+    ag = SimpleNamespace(rt=rt, chunk_rows=64, chunk_major=False, _plans=cache.PlanCache(4))
     all_gather.AllGather.plan(ag, 1000, 8, pin=True)
     for rows in range(64, 64 * 30, 64):
         all_gather.AllGather.plan(ag, rows, 8)
@@ -441,3 +441,24 @@ def test_engine_tables_are_bounded(monkeypatch):
     for rows in range(256, 256 * 20, 256):
         reduce_scatter.ReduceEngine.plan(eng, rows, 4, False)
     assert len(eng._plans) == 3
+
+
+def test_chunked_reduce_plan_sums_units_in_the_producers_step_order(monkeypatch):
+    """ReduceEngine.plan(chunk_rows=c) (the pipelined MoE down projection): its own table, whose NODE_SUM items
+    come in the order the chunked producer completes their tiles (every unit of step s before any of step s + 1)."""
+    from types import SimpleNamespace
+    from flux_shmem.ops import reduce_scatter
+    from flux_shmem.plan import schedules as sch
+    monkeypatch.setattr(reduce_scatter, "plan_tensors", lambda per_block, dev, multiple=1: per_block)
+    rt = SimpleNamespace(rank=1, world_size=4, node_size=2, device=0)  # (2 nodes: I sum segments 1 and 3)
+    eng = SimpleNamespace(rt=rt, unit_rows=8, tile_m=8, cols=64, tile_n=64, tiles_n=1, cluster_m=1,
+                          _plans=cache.PlanCache(3))
+    m, seg, chunk = 4 * 40, 40, 12
+    main, tail, units = reduce_scatter.ReduceEngine.plan(eng, m, 1, False, chunk_rows=chunk)
+    plain = reduce_scatter.ReduceEngine.plan(eng, m, 1, False)[0]
+    assert tail is None and main != plain and len(eng._plans) == 2
+    step = sch.chunk_step_of_tiles(m, seg, chunk, 8)
+    sums = [it for it in main[0] if it.op == sch.NODE_SUM]
+    seen = [step[units.piece(it.seg, it.unit)[0]] for it in sums]
+    assert seen == sorted(seen) and {it.seg for it in sums} == {1, 3}
+    assert len(sums) == units.count(1) + units.count(3)
