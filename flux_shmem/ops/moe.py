@@ -40,6 +40,7 @@ from .reduce_scatter import ReduceScatter
 E4M3 = torch.float8_e4m3fn
 DTYPES = (torch.bfloat16, E4M3)  # torch._grouped_mm's CUDA kernels take bf16; e4m3: torch._scaled_grouped_mm
 LAYOUTS = ("nk", "kn")       # expert weights [E, N, K] (as nn.Linear stores them) or [E, K, N]
+PARALLEL = ("tp", "ep")      # every PE a shard of every expert, or whole experts: num_experts / world each
 MODES = ("auto", "decomposed", "pipelined", "fused")
 PIPELINE_STEPS = 4  # blocks of a full shard in mode 'pipelined' (a shard of fewer rows has fewer)
 
@@ -51,12 +52,25 @@ def grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, layout: str
     return torch._grouped_mm(a, b, offs=offs)
 
 
+def by_slot(rows: torch.Tensor, routing: pmoe.Routing) -> torch.Tensor:
+    """Grouped rows [M * topk, N] -> [M, topk, N] fp32 by (token, slot); expert parallel: 0 in the slots whose
+    expert is on another PE (their rows hold garbage, perhaps NaN, so they are replaced, not weighted by 0)."""
+    v = rows.index_select(0, routing.inverse).view(routing.tokens, routing.topk, -1).float()
+    return v if routing.local is None else torch.where(routing.local[..., None], v, 0.0)
+
+
+def row_experts(routing: pmoe.Routing) -> torch.Tensor:
+    """[M * topk] int64: the index of each grouped row's expert among the experts here (into w and bias), clamped
+    (rows of other PEs' experts, or of ids out of range with check_ids=False, still index a real expert)."""
+    e = routing.ids.reshape(-1).index_select(0, routing.perm) - routing.first_expert
+    return e.clamp(0, routing.experts_here - 1)
+
+
 def combine(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor) -> torch.Tensor:
     """Each token's sum over its topk grouped rows, weighted by the router ([M, topk] fp32), in fp32, in slot order
-    (deterministic: no atomics) -> [M, N] in partial's dtype."""
-    m, topk = routing.tokens, routing.topk
-    by_slot = partial.index_select(0, routing.inverse).view(m, topk, -1).float()
-    return torch.einsum("tjn,tj->tn", by_slot, weights.float()).to(partial.dtype)
+    (deterministic: no atomics) -> [M, N] in partial's dtype (expert parallel: over the slots of this PE's
+    experts)."""
+    return torch.einsum("tjn,tj->tn", by_slot(partial, routing), weights.float()).to(partial.dtype)
 
 
 def combine_block(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor, block: int) -> torch.Tensor:
@@ -139,7 +153,7 @@ class _MoEOp:
     arguments, then the collectives' own constructions."""
 
     def __init__(self, op: str, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
-                 dtype: torch.dtype, layout: str, mode: str):
+                 dtype: torch.dtype, layout: str, mode: str, parallel: str = "tp"):
         with collective.all_or_none(f"{op} construction"):  # an error on one PE reaches every PE
             self.rt = get_runtime()
             W = self.rt.world_size
@@ -167,9 +181,21 @@ class _MoEOp:
                 raise NotImplementedError(f"{op}(mode='fused'): the fused grouped kernel is not built yet (issue 38); "
                                           "mode='auto' or 'decomposed' runs our collective beside torch's grouped "
                                           "GEMM")
-            self.dtype, self.layout, self.mode = dtype, layout, mode
-        symmetric.agree(f"{op}(max_m, hidden, inter, num_experts, topk, dtype, layout, mode)",
-                        (max_m, hidden, inter, num_experts, topk, str(dtype), layout, mode))
+            _check_choice("parallel", parallel, PARALLEL)
+            if parallel == "ep":
+                if num_experts % W:
+                    raise ValueError(f"{op}(parallel='ep'): num_experts={num_experts} does not split over {W} PEs "
+                                     f"(each holds num_experts / world whole experts): use a multiple of {W}, or "
+                                     "parallel='tp'")
+                if mode == "pipelined":
+                    raise ValueError(f"{op}(parallel='ep', mode='pipelined'): the pipelined path shards experts "
+                                     "(parallel='tp'); use mode='decomposed' for expert parallelism")
+            self.dtype, self.layout, self.mode, self.parallel = dtype, layout, mode, parallel
+        symmetric.agree(f"{op}(max_m, hidden, inter, num_experts, topk, dtype, layout, mode, parallel)",
+                        (max_m, hidden, inter, num_experts, topk, str(dtype), layout, mode, parallel))
+        # the experts whose weights this PE holds: all (each a shard) or its own whole ones
+        self.local_experts = num_experts // W if parallel == "ep" else num_experts
+        self.first_expert = self.rt.rank * self.local_experts if parallel == "ep" else 0
         self.shard_m = max_m // W
         self.op = op
         self.fp8 = dtype == E4M3
@@ -181,12 +207,15 @@ class _MoEOp:
                                                      priority=min(torch.cuda.Stream.priority_range()))
 
     def __repr__(self) -> str:
+        ep = (f", parallel='ep' (experts {self.first_expert}..{self.first_expert + self.local_experts - 1} here)"
+              if self.parallel == "ep" else "")
         return (f"{self.op}(max_m={self.max_m}, hidden={self.hidden}, inter={self.inter}, experts={self.num_experts}, "
-                f"topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world={self.rt.world_size}; "
+                f"topk={self.topk}, dtype={self.dtype}, layout={self.layout!r}, world={self.rt.world_size}{ep}; "
                 f"{self.path()})")
 
     def weight_shape(self, n: int, k: int) -> tuple[int, int, int]:
-        return (self.num_experts, n, k) if self.layout == "nk" else (self.num_experts, k, n)
+        e = self.local_experts
+        return (e, n, k) if self.layout == "nk" else (e, k, n)
 
     def check_weight(self, w: torch.Tensor, n: int, k: int) -> None:
         check_tensor("w", w, dtype=self.dtype, device=self.rt.device, ndim=3)
@@ -212,8 +241,8 @@ class _MoEOp:
         """The grouped product of this op's dtype: bf16 grouped_mm, or the scaled fp8 one."""
         if not self.fp8:
             return grouped_mm(a, w, offs, self.layout)
-        return scaled_grouped_mm(a, w, a_rows_scale, expert_scales("w_scale", w_scale, self.num_experts, n, a.device),
-                                 offs)
+        return scaled_grouped_mm(a, w, a_rows_scale, expert_scales("w_scale", w_scale, self.local_experts, n,
+                                                                   a.device), offs)
 
     def grouped(self, a: torch.Tensor, w: torch.Tensor, routing: pmoe.Routing, a_rows_scale, w_scale,
                 n: int) -> torch.Tensor:
@@ -249,6 +278,10 @@ class AllGatherGroupGEMM(_MoEOp):
     GroupGEMMReduceScatter's combine. bias: [E, inter], per expert. Returns (y, routing), and with return_rows=True
     also the grouped A rows [M * topk, hidden] (what the backward's weight gradient multiplies).
 
+    parallel='ep' (expert parallel): PE p holds whole experts [p E / world, (p + 1) E / world): w [E / world,
+    inter, hidden] with inter the experts' full intermediate size. y keeps M * topk rows: the pairs routed to this
+    PE's experts first (routing.offs: their ends), the rest unwritten (GroupGEMMReduceScatter skips them).
+
     fp8 (dtype=torch.float8_e4m3fn, 'nk' weights): x and w in e4m3 with fp32 scales, `scale` ([] or one per token
     of x, gathered with the routing) and `w_scale` ([E] or [E, inter]); y and bias bf16.
 
@@ -258,8 +291,9 @@ class AllGatherGroupGEMM(_MoEOp):
 
     def __init__(self, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
                  dtype: torch.dtype = torch.bfloat16, *, layout: str = "nk", mode: str = "auto",
-                 comm_blocks: int = 16):
-        super().__init__("AllGatherGroupGEMM", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
+                 parallel: str = "tp", comm_blocks: int = 16):
+        super().__init__("AllGatherGroupGEMM", max_m, hidden, inter, num_experts, topk, dtype, layout, mode,
+                         parallel)
         W = self.rt.world_size
         # ids, weights (fp32 bits) and, fp8, the token's scale (fp32 bits) in one row of 16-byte multiples: one
         # small gather of int32 words
@@ -320,7 +354,7 @@ class AllGatherGroupGEMM(_MoEOp):
                     tuple(topk_weights.shape) != (m, self.topk) or topk_weights.device != x.device:
                 raise ValueError(f"topk_weights must be a float tensor of shape ({m}, {self.topk}) on {x.device}")
         self.check_weight(w, self.inter, self.hidden)
-        self.check_bias(bias, (self.num_experts, self.inter))
+        self.check_bias(bias, (self.local_experts, self.inter))
         if self.pipelined():
             y, routing, rows = self._pipelined(x, topk_ids, w, topk_weights, scale, w_scale, check_ids,
                                                return_rows)
@@ -329,13 +363,14 @@ class AllGatherGroupGEMM(_MoEOp):
                                                        row_scales("scale", scale, m, x.device) if self.fp8 else None)
             if check_ids:
                 pmoe.check_ids(ids, self.num_experts, m)
-            routing = pmoe.route(ids, self.num_experts, weights)
+            routing = pmoe.route(ids, self.num_experts, weights) if self.parallel == "tp" else \
+                pmoe.route_local(ids, self.num_experts, self.first_expert, self.local_experts, weights)
             tokens = self.ag(x, copy=False) if self.ag is not None else x
             rows = tokens.index_select(0, routing.rows)
             y = self.product(rows, w, routing.offs, None if scales is None else scales.index_select(0, routing.rows),
                              w_scale, self.inter)
         if bias is not None:
-            y += bias.index_select(0, routing.ids.reshape(-1).index_select(0, routing.perm))
+            y += bias.index_select(0, row_experts(routing))
         return (y, routing, rows) if return_rows else (y, routing)
 
     def _pipelined(self, x, topk_ids, w, topk_weights, scale, w_scale, check_ids: bool, return_rows: bool):
@@ -380,12 +415,16 @@ class GroupGEMMReduceScatter(_MoEOp):
     bias [E, hidden], per expert (weighted like its expert's output, added once).
 
     fp8 (dtype=torch.float8_e4m3fn, 'nk' weights): h and w in e4m3 with fp32 scales, `scale` ([] or one per row
-    of h) and `w_scale` ([E] or [E, hidden]); the partial products, the sums and out are bf16."""
+    of h) and `w_scale` ([E] or [E, hidden]); the partial products, the sums and out are bf16.
+
+    parallel='ep': w [E / world, hidden, inter] (this PE's whole experts), the routing of an expert-parallel
+    AllGatherGroupGEMM; each PE combines the slots of its own experts, the reduce-scatter sums them."""
 
     def __init__(self, max_m: int, hidden: int, inter: int, num_experts: int, topk: int,
                  dtype: torch.dtype = torch.bfloat16, *, layout: str = "nk", mode: str = "auto",
-                 comm_blocks: int = 16):
-        super().__init__("GroupGEMMReduceScatter", max_m, hidden, inter, num_experts, topk, dtype, layout, mode)
+                 parallel: str = "tp", comm_blocks: int = 16):
+        super().__init__("GroupGEMMReduceScatter", max_m, hidden, inter, num_experts, topk, dtype, layout, mode,
+                         parallel)
         self.rs = ReduceScatter(max_m, hidden, self.out_dtype, comm_blocks=comm_blocks) \
             if self.rt.world_size > 1 else None
         self._marks: dict[tuple[int, int], list[torch.Tensor]] = {}  # pipelined: tiles each block completes
@@ -424,6 +463,11 @@ class GroupGEMMReduceScatter(_MoEOp):
         if routing.num_experts != self.num_experts or routing.topk != self.topk:
             raise ValueError(f"routing is for {routing.num_experts} experts, top-{routing.topk}; this op was built "
                              f"for {self.num_experts}, top-{self.topk}")
+        if (routing.first_expert, routing.experts_here) != (self.first_expert, self.local_experts):
+            last = routing.first_expert + routing.experts_here - 1
+            raise ValueError(f"routing groups experts {routing.first_expert}..{last}; this op "
+                             f"(parallel={self.parallel!r}) holds experts {self.first_expert}.."
+                             f"{self.first_expert + self.local_experts - 1}: build both ops with the same parallel")
         M = routing.tokens
         if M % W:
             raise ValueError(f"routing holds {M} tokens, not a multiple of the world size {W}")
@@ -433,7 +477,7 @@ class GroupGEMMReduceScatter(_MoEOp):
             raise ValueError(f"h has shape {tuple(h.shape)}; expected ({M * self.topk}, {self.inter}): the grouped "
                              "rows of AllGatherGroupGEMM's output (tokens x topk, this PE's inter shard)")
         self.check_weight(w, self.hidden, self.inter)
-        self.check_bias(bias, (self.num_experts, self.hidden))
+        self.check_bias(bias, (self.local_experts, self.hidden))
         weights = topk_weights if topk_weights is not None else routing.weights
         if weights is None:
             raise ValueError("no combine weights: pass topk_weights to AllGatherGroupGEMM (they travel in the "
@@ -445,8 +489,9 @@ class GroupGEMMReduceScatter(_MoEOp):
         if self.pipelined():
             return self._pipelined(h, w, routing, weights.float().contiguous(), rows_scale, w_scale, bias)
         partial = self.grouped(h, w, routing, rows_scale, w_scale, self.hidden)
-        if bias is not None and rt.rank == 0:  # (one PE adds the experts' biases: the sum over PEs has them once)
-            partial += bias.index_select(0, routing.ids.reshape(-1).index_select(0, routing.perm))
+        # (the sum over PEs must hold each expert's bias once: TP, one PE adds them; EP, each PE its own experts')
+        if bias is not None and (rt.rank == 0 or self.parallel == "ep"):
+            partial += bias.index_select(0, row_experts(routing))
         out = combine(partial, routing, weights)
         return self.rs(out) if self.rs is not None else out
 
@@ -466,7 +511,7 @@ class GroupGEMMReduceScatter(_MoEOp):
         eng.launch(M, out, src=None, bias=None, stream=self.comm_stream,
                    blocks=self.comm_blocks_beside(eng.comm_blocks), chunk_rows=chunk)
         addend = eng.partial[:M].view(W, m, self.hidden)
-        expert_of_row = routing.ids.reshape(-1).index_select(0, routing.perm) if bias is not None else None
+        expert_of_row = row_experts(routing) if bias is not None else None
         for s, (lo, hi, t0, t1) in enumerate(routing.blocks()):
             partial = self.product(h[lo:hi], w, routing.block_offs(s),
                                    None if rows_scale is None else rows_scale[lo:hi], w_scale, self.hidden)

@@ -43,6 +43,12 @@ class Routing:
     num_experts: int
     shard_tokens: int = 0             # blocked: tokens per PE
     chunk_tokens: int = 0             # blocked: tokens of each PE's shard per block (0: one block)
+    # Expert parallel: this PE's experts [first_expert, first_expert + local_experts) only (0: every expert, TP).
+    # Their pairs come first, expert by expert (offs [local_experts]); the other pairs follow, computed by no
+    # expert here (their rows hold garbage), and `local` [M, topk] marks the slots whose expert is here.
+    first_expert: int = 0
+    local_experts: int = 0
+    local: Optional[torch.Tensor] = None
 
     @property
     def tokens(self) -> int:
@@ -61,6 +67,11 @@ class Routing:
     def blocked(self) -> bool:
         return self.chunk_tokens > 0
 
+    @property
+    def experts_here(self) -> int:
+        """Experts whose rows this layout groups: every one (TP), or this PE's (EP)."""
+        return self.local_experts or self.num_experts
+
     def blocks(self) -> list[tuple[int, int, int, int]]:
         """Per block: (first grouped row, end row, first token, end token inside each PE's shard); one block:
         every row and token."""
@@ -75,8 +86,8 @@ class Routing:
         return self.offs[s] if self.blocked else self.offs
 
     def counts(self) -> torch.Tensor:
-        """[experts] int64: rows per expert (a device tensor; reading it on the host synchronises)."""
-        offs = self.offs.to(torch.int64).reshape(-1, self.num_experts)
+        """[experts here] int64: rows per expert (a device tensor; reading it on the host synchronises)."""
+        offs = self.offs.to(torch.int64).reshape(-1, self.experts_here)
         return torch.diff(offs, dim=1, prepend=offs.new_zeros(offs.shape[0], 1)).sum(0)
 
 
@@ -118,6 +129,23 @@ def route(ids: torch.Tensor, num_experts: int, weights: Optional[torch.Tensor] =
     return Routing(ids.to(torch.int64), None if weights is None else weights.to(torch.float32), perm, inverse,
                    offs.to(torch.int32).contiguous(), num_experts, shard_tokens if blocks > 1 else 0,
                    chunk_tokens if blocks > 1 else 0)
+
+
+def route_local(ids: torch.Tensor, num_experts: int, first: int, count: int,
+                weights: Optional[torch.Tensor] = None) -> Routing:
+    """The expert-parallel layout of `ids`: the pairs whose expert is in [first, first + count) (this PE's),
+    expert by expert, token order inside an expert, then every other pair (ids outside [0, num_experts) among
+    them: not checked here, see `check_ids`); offs [count]. Torch ops only, no host synchronisation."""
+    flat = ids.reshape(-1).to(torch.int64)
+    local = (flat >= first) & (flat < first + count)
+    key = torch.where(local, flat - first, count)
+    sorted_keys, perm = torch.sort(key, stable=True)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    offs = torch.searchsorted(sorted_keys, torch.arange(count, device=ids.device, dtype=torch.int64), right=True)
+    return Routing(ids.to(torch.int64), None if weights is None else weights.to(torch.float32), perm, inverse,
+                   offs.to(torch.int32), num_experts, first_expert=first, local_experts=count,
+                   local=local.view(ids.shape))
 
 
 def check_ids(ids: torch.Tensor, num_experts: int, shard_rows: int) -> None:
