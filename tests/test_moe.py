@@ -212,6 +212,56 @@ def test_blocked_products_and_block_combines_equal_the_one_block_path(one_pe, la
     assert torch.equal(addend.view(M, hidden), moe.combine(p_one, one, one.weights))
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("kind", ROUTINGS)
+def test_expert_parallel_parts_sum_to_the_block(kind, layout):
+    """parallel='ep' as each of 4 PEs computes it (its 2 of 8 whole experts, with biases), on the CPU: the local
+    layout holds exactly the pairs of this PE's experts first; each PE's combine (the other PEs' slots masked,
+    though their rows are NaN here) summed over the PEs is the fp64 block."""
+    gen = torch.Generator().manual_seed(13)
+    world, m, hidden, inter, experts, topk = 4, 24, 32, 16, 8, 2
+    x = torch.randn(m, hidden, generator=gen).to(torch.bfloat16)
+    ids = make_ids(kind, m, experts, topk, gen)
+    wts = torch.softmax(torch.randn(m, topk, generator=gen), dim=1)
+    w1, w2 = weights_for(layout, experts, inter, hidden, gen, 0.1), weights_for(layout, experts, hidden, inter, gen, 0.1)
+    b1 = (torch.randn(experts, inter, generator=gen) * 0.1).to(torch.bfloat16)
+    b2 = (torch.randn(experts, hidden, generator=gen) * 0.1).to(torch.bfloat16)
+    total = torch.zeros(m, hidden, dtype=torch.float64)
+    el = experts // world
+    for pe in range(world):
+        r = pmoe.route_local(ids, experts, pe * el, el, wts)
+        flat = ids.reshape(-1)
+        mine = (flat >= pe * el) & (flat < (pe + 1) * el)
+        n_mine = int(mine.sum())
+        assert int(r.offs[-1]) == n_mine
+        assert torch.equal(r.counts(), torch.bincount(flat, minlength=experts)[pe * el:(pe + 1) * el])
+        assert bool(mine[r.perm[:n_mine]].all()) and not bool(mine[r.perm[n_mine:]].any())
+        assert torch.equal(r.local.reshape(-1), mine)
+        y = moe.grouped_mm(x.index_select(0, r.rows), w1[pe * el:(pe + 1) * el], r.offs, layout)
+        y[n_mine:] = float("nan")                                                    # rows no expert here computes
+        y += b1[pe * el:(pe + 1) * el].index_select(0, moe.row_experts(r))
+        h = torch.nn.functional.silu(y.float()).to(torch.bfloat16)
+        partial = moe.grouped_mm(h, w2[pe * el:(pe + 1) * el], r.offs, layout)
+        partial[n_mine:] = float("nan")
+        partial += b2[pe * el:(pe + 1) * el].index_select(0, moe.row_experts(r))
+        total += moe.combine(partial, r, r.weights).double()
+    ref = reference(x, ids, wts, w1, w2, layout, b1, b2)
+    err = (total - ref).abs().max() / ref.abs().max()
+    assert err < 2e-2, float(err)
+
+
+def test_expert_parallel_construction_and_routing_errors(one_pe):
+    with pytest.raises(ValueError, match="parallel must be one of"):
+        flux_shmem.AllGatherGroupGEMM(64, 64, 32, 8, 2, parallel="dp")
+    one_pe_ag = flux_shmem.AllGatherGroupGEMM(64, 64, 32, 8, 2, parallel="ep")       # one PE: every expert
+    assert one_pe_ag.local_experts == 8 and "parallel='ep' (experts 0..7 here)" in repr(one_pe_ag)
+    rs = flux_shmem.GroupGEMMReduceScatter(64, 64, 32, 8, 2)
+    ids = torch.randint(0, 8, (64, 2))
+    other = pmoe.route_local(ids, 8, 4, 4, torch.ones(64, 2))
+    with pytest.raises(ValueError, match="routing groups experts 4..7; this op .parallel='tp'. holds experts 0..7"):
+        rs(torch.zeros(128, 32, dtype=torch.bfloat16), weights_for("nk", 8, 64, 32, torch.Generator(), 0.1), other)
+
+
 @pytest.mark.parametrize("m,seg,chunk,tile", [(40, 10, 3, 4), (96, 24, 6, 8), (64, 16, 16, 16), (30, 10, 4, 7),
                                               (12, 12, 5, 1)])
 def test_chunk_steps_complete_each_tile_after_its_last_row(m, seg, chunk, tile):

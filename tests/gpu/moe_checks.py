@@ -63,9 +63,10 @@ def reference(x, ids, wts, w1, w2, layout):
     return out
 
 
-def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=None, modes=("auto", "auto")):
-    """One check of the block at these sizes (the ops built in `modes`, up and down); returns (ag, rs) for
-    reuse."""
+def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=None, modes=("auto", "auto"),
+          parallel="tp"):
+    """One check of the block at these sizes (the ops built in `modes`, up and down; parallel 'tp': each PE a
+    shard of every expert, 'ep': its whole experts); returns (ag, rs) for reuse."""
     W, me = rt.world_size, rt.rank
     if inter % W:
         raise ValueError(f"inter={inter} must split over {W} PEs")
@@ -74,9 +75,15 @@ def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=N
     ids, wts = routing_inputs(rt, m, experts, topk, kind, seed)
     w1 = expert_weights(experts, inter, hidden, layout, seed + 1)   # up: [E, inter, hidden] (nk)
     w2 = expert_weights(experts, hidden, inter, layout, seed + 2)   # down: [E, hidden, inter] (nk)
-    ag = ag or flux_shmem.AllGatherGroupGEMM(W * m, hidden, inter // W, experts, topk, layout=layout, mode=modes[0])
-    rs = rs or flux_shmem.GroupGEMMReduceScatter(W * m, hidden, inter // W, experts, topk, layout=layout,
-                                                 mode=modes[1])
+    if parallel == "ep":
+        el = experts // W
+        w1s, w2s, n = w1[me * el:(me + 1) * el].contiguous(), w2[me * el:(me + 1) * el].contiguous(), inter
+    else:
+        w1s, w2s, n = shard(w1, layout, 1, me, W), shard(w2, layout, 2, me, W), inter // W
+    ag = ag or flux_shmem.AllGatherGroupGEMM(W * m, hidden, n, experts, topk, layout=layout, mode=modes[0],
+                                             parallel=parallel)
+    rs = rs or flux_shmem.GroupGEMMReduceScatter(W * m, hidden, n, experts, topk, layout=layout, mode=modes[1],
+                                                 parallel=parallel)
     torch.cuda.synchronize()
     rt.host.barrier()  # (no PE still reads a buffer poisoned here)
     if ag.ag is not None:
@@ -85,15 +92,16 @@ def block(rt, m, hidden, inter, experts, topk, layout, kind, seed, ag=None, rs=N
         rs.rs.engine.partial.fill_(float("nan"))
     torch.cuda.synchronize()
     rt.host.barrier()
-    y, r = ag(xs[me], ids[me], shard(w1, layout, 1, me, W), topk_weights=wts[me])
-    out = rs(torch.nn.functional.silu(y.float()).to(torch.bfloat16), shard(w2, layout, 2, me, W), r)
+    y, r = ag(xs[me], ids[me], w1s, topk_weights=wts[me])
+    out = rs(torch.nn.functional.silu(y.float()).to(torch.bfloat16), w2s, r)
     ref = reference(torch.cat(xs), torch.cat(ids), torch.cat(wts), w1, w2, layout)[me * m:(me + 1) * m]
     err = rel_err(out, ref)
     assert out.shape == (m, hidden) and err < 1e-2, (kind, layout, m, err)
     counts = r.counts().tolist()
+    every = torch.bincount(torch.cat(ids).reshape(-1), minlength=experts).tolist()
+    assert counts == every[r.first_expert:r.first_expert + r.experts_here], (counts, every)
     if kind == "empty":
-        assert counts[1] == 0 and counts[-1] == 0, counts
-    assert sum(counts) == W * m * topk, counts
+        assert every[1] == 0 and every[-1] == 0, every
     if modes[0] == "pipelined" and W > 1:  # several blocks once a shard has more rows than a chunk
         assert r.blocked == (m > ag.ag.chunk_rows), (m, ag.ag.chunk_rows, r.blocked)
     return ag, rs
@@ -123,6 +131,17 @@ def moe_pipelined_block_matches_fp64(rt):
     block(rt, 96, 256, 512, 8, 2, "nk", "skewed", 43, modes=("pipelined", "decomposed"))
     block(rt, 96, 256, 512, 8, 2, "nk", "skewed", 44, modes=("decomposed", "pipelined"))
     block(rt, 64, 128, 256, 64, 8, "nk", "balanced", 45, modes=("pipelined", "pipelined"))
+
+
+@check("moe")
+def moe_expert_parallel_block_matches_fp64(rt):
+    """parallel='ep' (each PE its num_experts / world whole experts): every routing kind (the empty experts on
+    some PEs), both layouts, two M with the ops reused, and 64 experts top-8."""
+    for layout in ("nk", "kn"):
+        for kind in ("balanced", "skewed", "empty"):
+            ag, rs = block(rt, 96, 256, 256, 8, 2, layout, kind, 51, parallel="ep")
+            block(rt, 40, 256, 256, 8, 2, layout, kind, 52, ag, rs, parallel="ep")
+    block(rt, 64, 128, 128, 64, 8, "nk", "balanced", 53, parallel="ep")
 
 
 def _quantize(x, dim):
