@@ -487,11 +487,13 @@ def test_nn_moe_compiles_fullgraph_and_its_ops_pass_opcheck(one_pe):
     hh = y.detach()[:, :inter].contiguous().requires_grad_()
     down_args = (hh, w2, weights.detach().requires_grad_(), perm, inverse, offs, all_ids, all_w, h, 1)
     torch.library.opcheck(torch.ops.flux_shmem.moe_down.default, down_args)
-    torch.library.opcheck(torch.ops.flux_shmem.moe_up_backward.default,
-                          (y.detach(), w1.detach(), xs.detach(), inverse, offs, h, 1, topk))
     out, partial = torch.ops.flux_shmem.moe_down(*down_args)
-    torch.library.opcheck(torch.ops.flux_shmem.moe_down_backward.default,
-                          (g, hh.detach(), w2.detach(), partial.detach(), perm, inverse, offs, all_w.detach(), h, 1, topk))
+    for local in (None, torch.rand(all_ids.shape, generator=torch.Generator().manual_seed(2)) < 0.5):  # (TP, EP)
+        torch.library.opcheck(torch.ops.flux_shmem.moe_up_backward.default,
+                              (y.detach(), w1.detach(), xs.detach(), inverse, offs, local, h, 1, topk))
+        torch.library.opcheck(torch.ops.flux_shmem.moe_down_backward.default,
+                              (g, hh.detach(), w2.detach(), partial.detach(), perm, inverse, offs, all_w.detach(),
+                               local, h, 1, topk))
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ check_ids=False (the routing check reads the ids on the host).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,26 @@ class MoEEngine:
         return self.weights_rs(padded.contiguous())[:, : self.topk].contiguous()
 
 
+def _local(engine: MoEEngine, all_ids: Tensor) -> Optional[Tensor]:
+    """[M, topk] bool: the slots whose expert is on this PE (expert parallel); None: every one (TP)."""
+    up = engine.up
+    if up.parallel != "ep":
+        return None
+    return (all_ids >= up.first_expert) & (all_ids < up.first_expert + up.local_experts)
+
+
 def _routing(engine: MoEEngine, perm, inverse, offs, all_ids, all_weights) -> pmoe.Routing:
-    return pmoe.Routing(all_ids, all_weights, perm, inverse, offs, engine.up.num_experts)
+    up = engine.up
+    if up.parallel != "ep":
+        return pmoe.Routing(all_ids, all_weights, perm, inverse, offs, up.num_experts)
+    return pmoe.Routing(all_ids, all_weights, perm, inverse, offs, up.num_experts, first_expert=up.first_expert,
+                        local_experts=up.local_experts, local=_local(engine, all_ids))
+
+
+def _by_slot(rows: Tensor, inverse: Tensor, local: Optional[Tensor], topk: int) -> Tensor:
+    """[M k, N] grouped rows -> [M, k, N] fp32 per (token, slot), 0 in other PEs' slots (ops.moe.by_slot)."""
+    v = rows.index_select(0, inverse).view(-1, topk, rows.shape[1]).float()
+    return v if local is None else torch.where(local[..., None], v, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -80,30 +99,32 @@ def _moe_up_fake(x, w1, ids, weights, handle, world, num_experts, check_ids):
 
 
 @torch.library.custom_op("flux_shmem::moe_up_backward", mutates_args=())
-def moe_up_backward(dy: Tensor, w1: Tensor, xs: Tensor, inverse: Tensor, offs: Tensor, handle: int,
-                    world: int, topk: int) -> tuple[Tensor, Tensor]:
-    """(dx [m, H]: the slots' dy @ w1[e] summed per token and over PEs, dw1 [E, N, H] = dy_e^T xs_e)."""
+def moe_up_backward(dy: Tensor, w1: Tensor, xs: Tensor, inverse: Tensor, offs: Tensor, local: Optional[Tensor],
+                    handle: int, world: int, topk: int) -> tuple[Tensor, Tensor]:
+    """(dx [m, H]: the slots' dy @ w1[e] summed per token and over PEs, dw1 [E, N, H] = dy_e^T xs_e; expert
+    parallel: over this PE's experts, `local` its slots)."""
     e, k = backends.lookup(handle), topk
     dxs = ops.grouped_mm(dy, w1, offs, "kn")                                         # dy @ w1[e]: [R, H]
-    dx_full = dxs.index_select(0, inverse).view(-1, k, dxs.shape[1]).float().sum(1).to(dy.dtype)
+    dx_full = _by_slot(dxs, inverse, local, k).sum(1).to(dy.dtype)
     return _scattered(e.down.rs, dx_full), torch._grouped_mm(dy.t(), xs, offs=offs)
 
 
 @moe_up_backward.register_fake
-def _moe_up_backward_fake(dy, w1, xs, inverse, offs, handle, world, topk):
+def _moe_up_backward_fake(dy, w1, xs, inverse, offs, local, handle, world, topk):
     return xs.new_empty((inverse.shape[0] // topk // world, xs.shape[1])), w1.new_empty(w1.shape)
 
 
 def _moe_up_setup(ctx, inputs, output):
     x, w1, ids, weights, handle, world, num_experts, check_ids = inputs
     ctx.handle, ctx.world, ctx.topk = handle, world, ids.shape[1]
-    ctx.save_for_backward(w1, output[6], output[2], output[3])
+    ctx.save_for_backward(w1, output[6], output[2], output[3], output[4])
 
 
 def _moe_up_grad(ctx, dy, *_routing):
-    w1, xs, inverse, offs = ctx.saved_tensors
-    dx, dw1 = torch.ops.flux_shmem.moe_up_backward(dy.contiguous(), w1, xs, inverse, offs, ctx.handle, ctx.world,
-                                                   ctx.topk)
+    w1, xs, inverse, offs, all_ids = ctx.saved_tensors
+    local = _local(backends.lookup(ctx.handle), all_ids)
+    dx, dw1 = torch.ops.flux_shmem.moe_up_backward(dy.contiguous(), w1, xs, inverse, offs, local, ctx.handle,
+                                                   ctx.world, ctx.topk)
     return dx, dw1, None, None, None, None, None, None
 
 
@@ -125,7 +146,7 @@ def _moe_down_fake(h, w2, weights, perm, inverse, offs, all_ids, all_weights, ha
 
 @torch.library.custom_op("flux_shmem::moe_down_backward", mutates_args=())
 def moe_down_backward(dout: Tensor, h: Tensor, w2: Tensor, partial: Tensor, perm: Tensor, inverse: Tensor,
-                      offs: Tensor, all_weights: Tensor, handle: int, world: int, topk: int
+                      offs: Tensor, all_weights: Tensor, local: Optional[Tensor], handle: int, world: int, topk: int
                       ) -> tuple[Tensor, Tensor, Tensor]:
     """(dh, dw2, dweights [m, k]) from g = every PE's dout: dpartial = weights * g per slot, dh = dpartial @ w2[e],
     dw2[e] = dpartial_e^T h_e, dweights[t, j] = <g[t], partial[slot]> summed over PEs."""
@@ -135,26 +156,27 @@ def moe_down_backward(dout: Tensor, h: Tensor, w2: Tensor, partial: Tensor, perm
     dpartial = (gs.float() * all_weights.reshape(-1).index_select(0, perm)[:, None]).to(h.dtype)
     dh = ops.grouped_mm(dpartial, w2, offs, "kn")
     dw2 = torch._grouped_mm(dpartial.t(), h, offs=offs)                              # [E, H, inter]
-    dw_rows = (gs.float() * partial.float()).sum(1)
-    dweights = e.scatter_weights(dw_rows.index_select(0, inverse).view(-1, k))
+    dw_rows = (gs.float() * partial.float()).sum(1, keepdim=True)
+    dweights = e.scatter_weights(_by_slot(dw_rows, inverse, local, k).squeeze(-1))
     return dh, dw2, dweights
 
 
 @moe_down_backward.register_fake
-def _moe_down_backward_fake(dout, h, w2, partial, perm, inverse, offs, all_weights, handle, world, topk):
+def _moe_down_backward_fake(dout, h, w2, partial, perm, inverse, offs, all_weights, local, handle, world, topk):
     return h.new_empty(h.shape), w2.new_empty(w2.shape), all_weights.new_empty((dout.shape[0], all_weights.shape[1]))
 
 
 def _moe_down_setup(ctx, inputs, output):
     h, w2, weights, perm, inverse, offs, all_ids, all_weights, handle, world = inputs
     ctx.handle, ctx.world = handle, world
-    ctx.save_for_backward(h, w2, output[1], perm, inverse, offs, all_weights)
+    ctx.save_for_backward(h, w2, output[1], perm, inverse, offs, all_ids, all_weights)
 
 
 def _moe_down_grad(ctx, dout, _dpartial):
-    h, w2, partial, perm, inverse, offs, all_weights = ctx.saved_tensors
+    h, w2, partial, perm, inverse, offs, all_ids, all_weights = ctx.saved_tensors
+    local = _local(backends.lookup(ctx.handle), all_ids)
     dh, dw2, dweights = torch.ops.flux_shmem.moe_down_backward(dout.contiguous(), h, w2, partial, perm, inverse,
-                                                               offs, all_weights, ctx.handle, ctx.world,
+                                                               offs, all_weights, local, ctx.handle, ctx.world,
                                                                all_weights.shape[1])
     return dh, dw2, dweights, None, None, None, None, None, None, None
 
@@ -167,25 +189,33 @@ class MoE(nn.Module):
     """A sparse MoE block for this PE's tokens x [m, hidden] (m <= max_tokens / world): num_experts experts of
     intermediate size `inter` (each PE holds inter / world of every expert), top-k routing with a replicated
     linear router. Weights: router.weight [E, hidden]; w_gate_up [E, 2 inter / world, hidden] (gate rows, then up
-    rows); w_down [E, hidden, inter / world]. Needs flux_shmem.init() first (one PE runs without collectives).
+    rows); w_down [E, hidden, inter / world]. parallel='ep' (expert parallel): each PE holds num_experts / world
+    whole experts instead, w_gate_up [E / world, 2 inter, hidden], w_down [E / world, hidden, inter] (its
+    experts are [rank E / world, (rank + 1) E / world)). Needs flux_shmem.init() first (one PE runs without
+    collectives).
     torch.compile(fullgraph=True) traces it (the ops are custom ops with fake kernels); check_ids=False skips the
     host read of the ids (needed for CUDA-graph capture)."""
 
     def __init__(self, hidden: int, inter: int, num_experts: int, topk: int, *, max_tokens: int,
-                 dtype: torch.dtype = torch.bfloat16, device=None, norm_topk: bool = True, check_ids: bool = True):
+                 dtype: torch.dtype = torch.bfloat16, device=None, norm_topk: bool = True, check_ids: bool = True,
+                 parallel: str = "tp"):
         super().__init__()
         rt = state.get_runtime()
         W = rt.world_size
-        if inter % W:
-            raise ValueError(f"MoE: inter = {inter} does not split over {W} PEs: use a multiple of {W}")
+        if parallel == "tp" and inter % W:
+            raise ValueError(f"MoE: inter = {inter} does not split over {W} PEs: use a multiple of {W}, or "
+                             "parallel='ep'")
         self.hidden, self.inter, self.num_experts, self.topk = hidden, inter, num_experts, topk
-        self.inter_local, self.norm_topk, self.check_ids, self.world_size = inter // W, norm_topk, check_ids, W
+        # TP: every expert, a slice of its intermediate size; EP: num_experts / world whole experts (the ops check)
+        self.inter_local = inter // W if parallel == "tp" else inter
+        self.norm_topk, self.check_ids, self.world_size = norm_topk, check_ids, W
         # (decomposed: the custom ops pass the routing as tensors of the one-block layout; the pipelined ops'
         # blocked layout is not in their signatures yet)
         up = ops.AllGatherGroupGEMM(max_tokens, hidden, 2 * self.inter_local, num_experts, topk, dtype,
-                                    mode="decomposed")
+                                    mode="decomposed", parallel=parallel)
         down = ops.GroupGEMMReduceScatter(max_tokens, hidden, self.inter_local, num_experts, topk, dtype,
-                                          mode="decomposed")
+                                          mode="decomposed", parallel=parallel)
+        el = up.local_experts
         # (the router weights' gradient, summed over PEs: one small fp32 reduce-scatter of 16-byte rows)
         weights_rs = None
         if W > 1:
@@ -197,8 +227,8 @@ class MoE(nn.Module):
             device = torch.device("cuda", rt.device)
         kw = {"device": device, "dtype": dtype}
         self.router = nn.Linear(hidden, num_experts, bias=False, **kw)
-        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * self.inter_local, hidden, **kw))
-        self.w_down = nn.Parameter(torch.empty(num_experts, hidden, self.inter_local, **kw))
+        self.w_gate_up = nn.Parameter(torch.empty(el, 2 * self.inter_local, hidden, **kw))
+        self.w_down = nn.Parameter(torch.empty(el, hidden, self.inter_local, **kw))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

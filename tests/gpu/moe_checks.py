@@ -265,21 +265,30 @@ def moe_bad_ids_raise_on_every_pe(rt):
 def moe_layer_gradients(rt):
     """flux_shmem.nn.MoE forward and backward against an fp64 autograd reference of the whole block: the output
     and x's gradient (this PE's tokens), each weight shard's gradient, and the router's (summed over PEs: each PE's
-    is its own tokens' part); then torch.compile(fullgraph=True) of the module against eager."""
+    is its own tokens' part); then torch.compile(fullgraph=True) of the module against eager; and the same
+    gradients with parallel='ep' (each PE its whole experts)."""
+    _layer_gradients(rt, "tp")
+    _layer_gradients(rt, "ep")
+
+
+def _layer_gradients(rt, parallel):
     from flux_shmem.nn.moe import MoE
     W, me, m, hidden, inter, experts, topk = rt.world_size, rt.rank, 48, 128, 256, 8, 2
     Is = inter // W
-    block = MoE(hidden, inter, experts, topk, max_tokens=W * m)
+    block = MoE(hidden, inter, experts, topk, max_tokens=W * m, parallel=parallel)
     g0 = _gen(77)
     wr = torch.randn(experts, hidden, generator=g0, device="cuda") * 0.3
     gate = torch.randn(experts, inter, hidden, generator=g0, device="cuda") * hidden ** -0.5
     up = torch.randn(experts, inter, hidden, generator=g0, device="cuda") * hidden ** -0.5
     down = torch.randn(experts, hidden, inter, generator=g0, device="cuda") * inter ** -0.5
-    mine = slice(me * Is, (me + 1) * Is)
+    el = experts // W
+    # (TP: a slice of every expert's intermediate size; EP: this PE's whole experts)
+    mine, ex = (slice(me * Is, (me + 1) * Is), slice(None)) if parallel == "tp" else \
+        (slice(None), slice(me * el, (me + 1) * el))
     with torch.no_grad():
         block.router.weight.copy_(wr)
-        block.w_gate_up.copy_(torch.cat([gate[:, mine], up[:, mine]], dim=1))
-        block.w_down.copy_(down[:, :, mine])
+        block.w_gate_up.copy_(torch.cat([gate[ex, mine], up[ex, mine]], dim=1))
+        block.w_down.copy_(down[ex, :, mine])
     xs = [torch.randn(m, hidden, generator=_gen(300 + pe), device="cuda").to(torch.bfloat16) for pe in range(W)]
     gs = [torch.randn(m, hidden, generator=_gen(400 + pe), device="cuda").to(torch.bfloat16) for pe in range(W)]
     x = xs[me].clone().requires_grad_()
@@ -305,12 +314,15 @@ def moe_layer_gradients(rt):
     rows = slice(me * m, (me + 1) * m)
     router_sum = sum(torch.from_numpy(a) for a in rt.host.allgather(block.router.weight.grad.float().cpu().numpy()))
     pairs = {"out": (out, ref[rows]), "x": (x.grad, xd.grad[rows]),
-             "w_gate_up": (block.w_gate_up.grad, torch.cat([ref_p["gate"].grad[:, mine], ref_p["up"].grad[:, mine]], 1)),
-             "w_down": (block.w_down.grad, ref_p["down"].grad[:, :, mine]),
+             "w_gate_up": (block.w_gate_up.grad, torch.cat([ref_p["gate"].grad[ex, mine], ref_p["up"].grad[ex, mine]],
+                                                           1)),
+             "w_down": (block.w_down.grad, ref_p["down"].grad[ex, :, mine]),
              "router": (router_sum.cuda(), ref_p["wr"].grad)}
     for name, (got, want) in pairs.items():
         err = rel_err(got.detach(), want.detach())
-        assert err < 3e-2, (name, err)
+        assert err < 3e-2, (parallel, name, err)
+    if parallel != "tp":
+        return
     # torch.compile(fullgraph=True): the same output and gradients as eager
     eager = (out.detach(), x.grad.clone(), block.w_gate_up.grad.clone(), block.w_down.grad.clone())
     block.zero_grad(set_to_none=True)
