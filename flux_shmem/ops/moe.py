@@ -496,9 +496,12 @@ class GroupGEMMReduceScatter(_MoEOp):
         return self.rs(out) if self.rs is not None else out
 
     def _pipelined(self, h, w, routing: pmoe.Routing, weights: torch.Tensor, rows_scale, w_scale, bias):
-        """The reduce kernel starts first on the side stream and waits, unit by unit, for the tiles of every
-        node PE's addend; block s's grouped GEMM and combine write rows [s c, (s + 1) c) of every segment of this
-        PE's addend, then mark the tiles they complete."""
+        """Block s's grouped GEMM and combine write rows [s c, (s + 1) c) of every segment of this PE's addend, then
+        mark the tiles they complete; the reduce kernel beside them on the side stream waits, unit by unit, for
+        the tiles of every node PE's addend. It is enqueued after every block (its stream waiting only for the
+        barrier): it spins on marks that work enqueued later would set, so a host synchronisation among the
+        blocks' launches (an allocation that syncs, say) would otherwise never return (seen 2026-12-07 on an H100,
+        2 and 4 PEs under MPS: every PE's reduce kernel timed out on its own first tile)."""
         signals.check_errors()
         rt, eng, main = self.rt, self.rs.engine, torch.cuda.current_stream()
         W, M = rt.world_size, routing.tokens
@@ -507,9 +510,8 @@ class GroupGEMMReduceScatter(_MoEOp):
         out = torch.empty((m, self.hidden), dtype=self.out_dtype, device=h.device)
         marks = self.marks(M, m, chunk)
         eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my addend
-        self.comm_stream.wait_stream(main)
-        eng.launch(M, out, src=None, bias=None, stream=self.comm_stream,
-                   blocks=self.comm_blocks_beside(eng.comm_blocks), chunk_rows=chunk)
+        past_barrier = torch.cuda.Event()
+        past_barrier.record(main)
         addend = eng.partial[:M].view(W, m, self.hidden)
         expert_of_row = row_experts(routing) if bias is not None else None
         for s, (lo, hi, t0, t1) in enumerate(routing.blocks()):
@@ -523,6 +525,9 @@ class GroupGEMMReduceScatter(_MoEOp):
                 addend.view(M, self.hidden).copy_(combine(partial, routing, weights))
             # (after the writes on this stream: a peer that sees a mark sees the rows)
             eng.tile_ready.index_put_((marks[s],), eng.sync.epoch.expand(marks[s].numel()))
+        self.comm_stream.wait_event(past_barrier)
+        eng.launch(M, out, src=None, bias=None, stream=self.comm_stream,
+                   blocks=self.comm_blocks_beside(eng.comm_blocks), chunk_rows=chunk)
         main.wait_stream(self.comm_stream)
         if not capturing():
             out.record_stream(self.comm_stream)
