@@ -22,6 +22,7 @@ only on the chunks they read: `plan.moe.tile_waits`) is the next step of issue 3
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -42,7 +43,8 @@ DTYPES = (torch.bfloat16, E4M3)  # torch._grouped_mm's CUDA kernels take bf16; e
 LAYOUTS = ("nk", "kn")       # expert weights [E, N, K] (as nn.Linear stores them) or [E, K, N]
 PARALLEL = ("tp", "ep")      # every PE a shard of every expert, or whole experts: num_experts / world each
 MODES = ("auto", "decomposed", "pipelined", "fused")
-PIPELINE_STEPS = 4  # blocks of a full shard in mode 'pipelined' (a shard of fewer rows has fewer)
+# blocks of a full shard in mode 'pipelined' (a shard of fewer rows has fewer); FLUX_SHMEM_MOE_STEPS overrides it
+PIPELINE_STEPS = int(os.environ.get("FLUX_SHMEM_MOE_STEPS", "4"))
 
 
 def grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, layout: str) -> torch.Tensor:
@@ -260,8 +262,9 @@ class _MoEOp:
 
     def comm_blocks_beside(self, blocks: int) -> int:
         """Comm blocks beside torch's grouped GEMM (which sizes its grid for the whole GPU): at most an eighth of
-        this context's SMs."""
-        return max(1, min(blocks, self.sms // 8))
+        this context's SMs ($FLUX_SHMEM_MOE_COMM_BLOCKS: exactly that many, an experiment's knob)."""
+        forced = os.environ.get("FLUX_SHMEM_MOE_COMM_BLOCKS")
+        return int(forced) if forced else max(1, min(blocks, self.sms // 8))
 
     def check_tokens(self, m: int) -> None:
         if not 0 < m <= self.shard_m:
@@ -383,7 +386,7 @@ class AllGatherGroupGEMM(_MoEOp):
         self.comm_stream.wait_stream(main)
         # (each destination's chunks one after another, a few blocks per destination: chunk s of every shard
         # arrives before chunk s + 1)
-        per_dest = max(1, self.comm_blocks_beside(ag.comm_blocks) // ((W - 1) * chunks))
+        per_dest = max(1, self.comm_blocks_beside(ag.comm_blocks) // (W - 1))
         tokens = ag.launch(x, stream=self.comm_stream, wait_all=False, blocks=(W - 1) * per_dest)
         if not capturing():  # the allocator must not reuse x before the side stream has read it
             x.record_stream(self.comm_stream)
