@@ -143,6 +143,19 @@ extern "C" __global__ void fs_wait_done(const __grid_constant__ WaitDoneArgs a) 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// GEMMReduceScatter's done protocol (FLUX_SHMEM_RS_DONE=1): after every reduce launch of a call has ended on this
+// stream, tell my node's PEs that I no longer read their addends of this epoch (done[me] = epoch on each), which
+// their next call's fs_wait_done waits for instead of a barrier of every PE. One block, one thread per node PE.
+extern "C" __global__ void fs_signal_done(const __grid_constant__ WaitDoneArgs a) {
+#ifdef FS_DEVICE_PASS
+  const Topo t{a.ctx.my_pe, a.ctx.n_pes, a.node_size};
+  const uint64_t e = *a.epoch;
+  uint64_t* mine = const_cast<uint64_t*>(a.done) + t.me;  // (the struct is fs_wait_done's, whose view is read-only)
+  for (int i = threadIdx.x; i < t.node_size; i += blockDim.x) signal_set(mine, e, t.pe(t.node(), i), true);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // All-gather of equal shards into a symmetric gather buffer, one signal per (source PE, chunk).
 enum AgKind : int { kLocal = 0, kPut = 1, kDirect = 2, kForward = 3, kAccept = 4 };  // flux_shmem/ops/_schedule.py
 

@@ -17,7 +17,7 @@ def test_collectives_builds_and_links_nvshmem():
     art = kb.build("collectives", "90a")
     data = art.cubin.read_bytes()
     assert data[:4] == b"\x7fELF"
-    for name in (b"fs_all_gather", b"fs_reduce_scatter_bf16", b"fs_barrier", b"fs_epoch_bump", b"fs_wait_flags", b"nvshmemi_device_state_d"):
+    for name in (b"fs_all_gather", b"fs_reduce_scatter_bf16", b"fs_barrier", b"fs_epoch_bump", b"fs_wait_flags", b"fs_signal_done", b"nvshmemi_device_state_d"):
         assert name in data, name
     assert kb.cached("collectives", "90a") == art  # second lookup is a cache hit
 

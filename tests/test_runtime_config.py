@@ -116,3 +116,47 @@ def test_sm_budget_follows_the_active_partition(monkeypatch):
     b = smb.sm_budget(5)
     assert (b.sms, b.device_sms) == (64, 132)
     assert "green context 1/2" in b.source
+
+
+def test_rs_done_protocol_switch_and_its_calls(monkeypatch):
+    """FLUX_SHMEM_RS_DONE=1: GEMMReduceScatter waits on its node peers' done flags instead of a barrier, and a
+    call's only reduce launch signals done from its last block (RS_SIGNAL_DONE); off, the barrier, no signal."""
+    from types import SimpleNamespace
+    from flux_shmem.kernels import abi
+    from flux_shmem.ops import reduce_scatter
+    from flux_shmem.ops.gemm_rs import GEMMReduceScatter
+    monkeypatch.delenv("FLUX_SHMEM_RS_DONE", raising=False)
+    assert reduce_scatter.done_protocol() is False
+    monkeypatch.setenv("FLUX_SHMEM_RS_DONE", "1")
+    assert reduce_scatter.done_protocol() is True
+    monkeypatch.setenv("FLUX_SHMEM_RS_DONE", "yes")
+    with pytest.raises(ValueError, match="FLUX_SHMEM_RS_DONE must be 0 or 1"):
+        reduce_scatter.done_protocol()
+    calls = []
+    eng = SimpleNamespace(wait_done=lambda s: calls.append(("wait_done", s)),
+                          sync=SimpleNamespace(barrier=lambda s: calls.append(("barrier", s))))
+    for on in (True, False):
+        GEMMReduceScatter._no_reader(SimpleNamespace(done_protocol=on, engine=eng), "stream")
+    assert calls == [("wait_done", "stream"), ("barrier", "stream")]
+    # the launch's flags: RS_SIGNAL_DONE with a source (the standalone op) or signal_done=True, else none
+    launched = []
+    monkeypatch.setattr(reduce_scatter.signals, "ctx", lambda: abi.Ctx())
+    fake = SimpleNamespace(
+        rt=SimpleNamespace(world_size=2, node_size=2), kernel_flags=0, comm_blocks=4, unit_rows=8, tile_m=8,
+        tile_n=16, tiles_n=1, cols=16, max_tiles_m=4, max_units=8, pace=abi.Pace(),
+        plan=lambda *a, **k: (((_P(), _P(), 1)), None, SimpleNamespace(group_tiles=1)),
+        _kernel=SimpleNamespace(launch=lambda args, *a, **k: launched.append(args.flags)),
+        **{n: _P() for n in ("partial", "stage", "recv", "recv_sig", "tile_ready", "seen", "done", "exits")},
+        sync=SimpleNamespace(bar=_P(), epoch=_P()))
+    out = _P()
+    reduce_scatter.ReduceEngine.launch(fake, 32, out, src=None, bias=None)
+    reduce_scatter.ReduceEngine.launch(fake, 32, out, src=None, bias=None, signal_done=True)
+    reduce_scatter.ReduceEngine.launch(fake, 32, out, src=_P(), bias=None)
+    assert launched == [0, abi.RS_SIGNAL_DONE, abi.RS_SIGNAL_DONE]
+
+
+class _P:
+    """A stand-in tensor: only its address is read."""
+
+    def data_ptr(self) -> int:
+        return 4096

@@ -25,7 +25,7 @@ from ..plan.schedules import default_unit_rows
 from ..runtime import collective, signals, stall, symmetric
 from ._fused import FusedGEMM
 from ._validate import positive
-from .reduce_scatter import ReduceEngine
+from .reduce_scatter import ReduceEngine, done_protocol
 
 
 class GEMMReduceScatter(FusedGEMM):
@@ -61,8 +61,11 @@ class GEMMReduceScatter(FusedGEMM):
         unit_rows = positive("unit_rows", unit_rows) if unit_rows is not None else \
             default_unit_rows(n, elem, self.tile_m)
         # the collective part: every PE got here
-        symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles)",
-                        (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks, group_tiles))
+        # (FLUX_SHMEM_RS_DONE: one PE waiting on done flags that another never sets would hang: agreed)
+        self.done_protocol = done_protocol()
+        symmetric.agree("GEMMReduceScatter(max_m, n, k, dtype, mode, unit_rows, comm_blocks, group_tiles, "
+                        "FLUX_SHMEM_RS_DONE)",
+                        (max_m, n, k, str(dtype), mode, unit_rows, comm_blocks, group_tiles, self.done_protocol))
         self.share_choices()
         self.inputs = self.plan_inputs()
         # One configuration for the op's life: the reduce engine waits until each peer's counter of an M-tile
@@ -122,9 +125,10 @@ class GEMMReduceScatter(FusedGEMM):
         out = torch.empty((m // rt.world_size, self.n), dtype=self.out_dtype, device=a.device)
         main = torch.cuda.current_stream()
         trace = stall.begin("GEMMReduceScatter")
-        eng.sync.barrier(main)  # every PE is past its previous call: nobody still reads my partial
+        self._no_reader(main)  # nobody still reads my partial
         if trace is not None:
-            trace.stage("barrier (every PE past its previous call)", main, "main")
+            trace.stage("done flags (node peers past my previous partial)" if self.done_protocol else
+                        "barrier (every PE past its previous call)", main, "main")
         if plan.path == "fused":
             # The GEMM never waits on the reduce kernel, which waits on the GEMM's tiles: the GEMM goes first and
             # the reduce kernel starts once all GEMM CTAs run. Seen 2026-12-03 with the reduce kernel first and the
@@ -146,6 +150,8 @@ class GEMMReduceScatter(FusedGEMM):
             # The last wave's reductions, on every SM the GEMM just left.
             eng.launch(m, out, src=None, bias=bias, stream=main, blocks=plan.comm_blocks, part="tail", **shape)
             main.wait_stream(self.comm_stream)
+            if self.done_protocol:  # (two reduce launches: the signal follows both)
+                eng.signal_done(main)
             if not torch.cuda.is_current_stream_capturing():
                 out.record_stream(self.comm_stream)
         elif plan.backend is not None and plan.backend.name == backends.CUBLAS:
@@ -155,11 +161,11 @@ class GEMMReduceScatter(FusedGEMM):
             self._cublas(a, b, None, eng.partial[:m], scale_a, scale_b)
             tiles = -(-m // self.tile_m) * eng.tiles_n
             eng.tile_ready[:tiles].copy_(eng.sync.epoch.expand(tiles))
-            eng.launch(m, out, src=None, bias=bias, stream=main)
+            eng.launch(m, out, src=None, bias=bias, stream=main, signal_done=self.done_protocol)
         else:
             self._gemm(layout, a, b, eng.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
                        order=None, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
-            eng.launch(m, out, src=None, bias=bias, stream=main)
+            eng.launch(m, out, src=None, bias=bias, stream=main, signal_done=self.done_protocol)
         eng.sync.bump(main)
         if trace is not None:
             trace.stage("call done (epoch bumped)", main, "main")
@@ -181,11 +187,21 @@ class GEMMReduceScatter(FusedGEMM):
         if plan.path != "fused":
             raise ValueError(f"M = {m} runs the {plan.path} path: there is no fused GEMM to time alone")
         main = torch.cuda.current_stream()
-        self.engine.sync.barrier(main)
+        self._no_reader(main)
         self._gemm(layout, a, b, self.engine.partial.data_ptr(), None, m, counters=True, sm_count=plan.gemm_sms,
                    order=plan.order, swizzle=plan.swizzle, choice=plan.gemm, scales=scales)
+        if self.done_protocol:  # (no peer reads this partial: the next call may overwrite it)
+            self.engine.signal_done(main)
         self.engine.sync.bump(main)  # the marks this GEMM set belong to a finished epoch
         return self.engine.partial[:m]
+
+    def _no_reader(self, stream) -> None:
+        """Hold `stream` until no PE still reads my partial of the previous call: a barrier of every PE, or with
+        the done protocol (FLUX_SHMEM_RS_DONE=1) the done flags my node peers' previous call set."""
+        if self.done_protocol:
+            self.engine.wait_done(stream)
+        else:
+            self.engine.sync.barrier(stream)
 
     def _prepare_call(self, m: int, layout: str, plan) -> None:
         if self.rt.world_size == 1:

@@ -30,6 +30,16 @@ def _switch(name: str) -> bool:
     return v == "1"
 
 
+def done_protocol() -> bool:
+    """$FLUX_SHMEM_RS_DONE=1 (off until measured): GEMMReduceScatter calls start with `ReduceEngine.wait_done`
+    (every node peer finished reading my previous addend: a flag its last call set) instead of a barrier of every
+    PE, and every call ends with the done signal. At small M, where each call is host-bound, the barrier made
+    every PE wait for the slowest PE's launches: the decomposed path ran 40-110 us behind cuBLAS + our
+    ReduceScatter (whose kernel waits only for its node peers' arrival) at M <= 2048 (2026-12-07, H100, 2 and 4
+    PEs under MPS)."""
+    return _switch("FLUX_SHMEM_RS_DONE")
+
+
 def kernel_flags(dtype: torch.dtype) -> int:
     """Experiments against the fused GEMM's slowdown beside the reduce kernel (1.07-1.21x on an H100, 2026-12-05),
     off by default until measured: $FLUX_SHMEM_RS_EVICT_FIRST=1, the sums' loads and stores (16-bit types) carry
@@ -109,10 +119,11 @@ class ReduceEngine:
 
     def launch(self, rows: int, out: torch.Tensor, *, src: torch.Tensor | None, bias: torch.Tensor | None,
                stream=None, blocks: int | None = None, swizzle: int = 1, group_tiles: int | None = None,
-               tail: int = 0, tail_blocks: int = 0, part: str = "main", chunk_rows: int | None = None) -> None:
+               tail: int = 0, tail_blocks: int = 0, part: str = "main", chunk_rows: int | None = None,
+               signal_done: bool = False) -> None:
         """Launch the reduce kernel's `part` of the plan: 'main' (everything, or everything but the tail) or
-        'tail' (after the GEMM). A standalone call (src given) signals 'done reading' for input_buffer.
-        chunk_rows: the addend comes in chunk steps (`plan`)."""
+        'tail' (after the GEMM). A standalone call (src given), or signal_done=True (the call's only reduce
+        launch), signals 'done reading' for `wait_done`. chunk_rows: the addend comes in chunk steps (`plan`)."""
         W, L = self.rt.world_size, self.rt.node_size
         main, tail_plan, units = self.plan(rows, blocks or self.comm_blocks, src is not None, swizzle, group_tiles,
                                            tail, tail_blocks, chunk_rows=chunk_rows)
@@ -129,15 +140,23 @@ class ReduceEngine:
                           m=rows, n=self.cols, rows_per_shard=rows // W, tile_m=self.tile_m, tile_n=self.tile_n,
                           tiles_n=self.tiles_n, group_tiles=units.group_tiles, unit_rows=self.unit_rows,
                           node_size=L, max_tiles_m=self.max_tiles_m, max_units=self.max_units,
-                          flags=(abi.RS_SIGNAL_DONE if src is not None else 0) | self.kernel_flags, pace=self.pace)
+                          flags=(abi.RS_SIGNAL_DONE if src is not None or signal_done else 0) | self.kernel_flags,
+                          pace=self.pace)
         # Dynamic shared memory: the node peers' addend pointers (no cap on the node size).
         self._kernel.launch(args, grid, 512, smem=8 * L, stream=stream)
 
     def wait_done(self, stream=None) -> None:
         """Make `stream` wait until every PE of this node has finished reading this PE's previous input."""
-        args = abi.WaitDoneArgs(ctx=signals.ctx(), done=self.done.data_ptr(), epoch=self.sync.epoch.data_ptr(),
+        self._wait_done.launch(self._done_args(), 1, 32, stream=stream)
+
+    def signal_done(self, stream=None) -> None:
+        """After every reduce launch of this call on `stream`: tell my node's PEs I no longer read their addends
+        (what a launch with signal_done=True does from its last block)."""
+        load("collectives").kernel("fs_signal_done").launch(self._done_args(), 1, 32, stream=stream)
+
+    def _done_args(self) -> abi.WaitDoneArgs:
+        return abi.WaitDoneArgs(ctx=signals.ctx(), done=self.done.data_ptr(), epoch=self.sync.epoch.data_ptr(),
                                 node_size=self.rt.node_size)
-        self._wait_done.launch(args, 1, 32, stream=stream)
 
 
 class ReduceScatter:
