@@ -502,9 +502,9 @@ class GroupGEMMReduceScatter(_MoEOp):
         """Block s's grouped GEMM and combine write rows [s c, (s + 1) c) of every segment of this PE's addend, then
         mark the tiles they complete; the reduce kernel beside them on the side stream waits, unit by unit, for
         the tiles of every node PE's addend. It is enqueued after every block (its stream waiting only for the
-        barrier): it spins on marks that work enqueued later would set, so a host synchronisation among the
-        blocks' launches (an allocation that syncs, say) would otherwise never return (seen 2026-12-07 on an H100,
-        2 and 4 PEs under MPS: every PE's reduce kernel timed out on its own first tile)."""
+        barrier): enqueued first, it timed out on every PE waiting for the PE's own first tile, whose marks never
+        ran (2026-12-07, H100, 2 and 4 PEs under MPS; the likely cause, not pinned down, a host synchronisation
+        among the blocks' launches while the kernel spun on marks enqueued after it)."""
         signals.check_errors()
         rt, eng, main = self.rt, self.rs.engine, torch.cuda.current_stream()
         W, M = rt.world_size, routing.tokens
