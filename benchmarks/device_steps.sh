@@ -44,7 +44,8 @@
 #   autosweep2 / autosweep4  issue 36 with 2 / 4 PEs under MPS, links emulated (NVLink's 360 GB/s x the PE's SM
 #                   share): mode 'auto' against fused, decomposed and cuBLAS + our collective, M 64-16384 on six shard
 #                   shapes; fails where auto is more than 5% slower than the best
-#   moe1 / moe2 / moeput2  the MoE op checks (group moe: issue 38) with 1 PE, 2 PEs under MPS, 2 PEs forced puts
+#   moe1 / moe2 / moe4 / moeput2  the MoE op checks (group moe: issue 38) with 1 PE, 2 / 4 PEs under MPS, 2 PEs
+#                   forced puts
 #   moebench2 / moebench4  benchmarks/moe.py with 2 / 4 PEs under MPS, links emulated as autosweep's: decomposed vs
 #                   pipelined per op and block, Mixtral-8x7B and Qwen3-30B-A3B shards, M = MOE_TOKENS (8192)
 #   fp8shapes       benchmarks/gemm_fp8.py over FP8_SUITE (default tp-shard-quick; FP8_PART=I/N, FP8_SCALES,
@@ -126,6 +127,7 @@ print(','.join(f'{m}x{n}x{k}' for n, k in nk for m in ms))")" --layouts nk --tun
     sweep2) timeout "$T" bash $S mps checks 2 sweep | grep -E "CHECK|Error|error|assert" ;;
     moe1) timeout "$T" bash $S checks 1 moe | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     moe2) timeout "$T" bash $S mps checks 2 moe | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
+    moe4) timeout "$T" bash $S mps checks 4 moe | grep -E "CHECK|Error|error|assert"; echo "exit status ${PIPESTATUS[0]}" ;;
     moeput2) FLUX_SHMEM_FORCE_PUT=1 timeout "$T" bash $S mps checks 2 moe | grep -E "CHECK|Error|error|assert"
       echo "exit status ${PIPESTATUS[0]}" ;;
     moebench2) FLUX_SHMEM_LINK_GBPS=174.545 timeout "$T" bash $S mps run 2 --ops moe \

@@ -34,7 +34,7 @@ def done_protocol() -> bool:
     """$FLUX_SHMEM_RS_DONE=1 (off until measured): GEMMReduceScatter calls start with `ReduceEngine.wait_done`
     (every node peer finished reading my previous addend: a flag its last call set) instead of a barrier of every
     PE, and every call ends with the done signal. At small M, where each call is host-bound, the barrier made
-    every PE wait for the slowest PE's launches: the decomposed path ran 40-110 us behind cuBLAS + our
+    every PE wait for the slowest PE's launches: the decomposed path ran 40-95 us behind cuBLAS + our
     ReduceScatter (whose kernel waits only for its node peers' arrival) at M <= 2048 (2026-12-07, H100, 2 and 4
     PEs under MPS)."""
     return _switch("FLUX_SHMEM_RS_DONE")
