@@ -84,3 +84,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def one_pe(monkeypatch):
+    """A runtime of one PE whose 'device' is the CPU, for the MoE ops (tests/test_moe*.py): their tensor checks
+    accept CPU tensors."""
+    import torch
+    from flux_shmem.ops import moe
+    from flux_shmem.runtime import state
+    from flux_shmem.runtime.topology import Layout
+    from test_gpu_checks_cpu import OnePE
+    rt = state.Runtime(host=OnePE(), layout=Layout(0, 1, 0, 1, 0, 1), device=0, node_size=1, reachable=(True,),
+                       force_put=False, timeout_s=5.0, trap_on_timeout=False, shares_gpu=False)
+    monkeypatch.setattr(state, "_STATE", rt)
+    monkeypatch.setattr(moe, "get_runtime", lambda: rt)
+
+    def check_tensor(name, t, *, dtype, device, ndim=2):
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != ndim or not t.is_contiguous():
+            raise TypeError(f"{name}: expected a contiguous {ndim}-d {dtype} tensor")
+    monkeypatch.setattr(moe, "check_tensor", check_tensor)
+    return rt
