@@ -17,7 +17,8 @@ Implementations (each checked first against an fp64 reference of the block on a 
   torch      torch._grouped_mm with NCCL all_gather_into_tensor / reduce_scatter_tensor (needs one GPU per rank)
   loop       a per-expert torch.matmul loop with the same NCCL collectives
 Where ranks share a GPU (MPS) NCCL cannot run: only flux is timed, the reason printed. Lines:
-  moe <op> <model> <routing> W=<w> M=<m>: flux X ms, pipelined P ms, torch Y ms, loop Z ms
+  moe <op> <model> <routing> W=<w> M=<m>: flux X ms (host H), pipelined P ms (host H), torch Y ms (host H), ...
+(device medians; host H: the host's time per call with the device kept busy, `host_ms`)
 Links are emulated as for every op (FLUX_SHMEM_LINK_GBPS, runtime/pacing.py) when the environment asks.
 --predict W needs no GPU: the planner's model of the fused AllGatherGroupGEMM (not built yet) against the
 decomposed one, per model and routing (predictions, not measurements).
@@ -272,25 +273,46 @@ def _run(args) -> int:
             ok = err < TOL
             failed += not ok
             sync = (lambda: dist.barrier()) if nccl is None else (lambda: comm.Barrier())
-            times = {}
+            times, host = {}, {}
             for op, fns in impls.items():
                 for impl, fn in fns.items():
                     ms = cuda_time(lambda f=fn: f(), [()], warmup=args.warmup, iters=args.iters,
                                    sync=sync, lead_us=0.0 if nccl is None else 200.0)
                     med = statistics.median(ms)
                     times[(op, impl)] = max(comm.allgather(med))  # the slowest PE's median
+                    host[(op, impl)] = max(comm.allgather(host_ms(fn, sync)))
             for op in impls:
-                parts = [f"{impl} {times[(op, impl)]:.3f} ms" for impl in impls[op]]
+                parts = [f"{impl} {times[(op, impl)]:.3f} ms (host {host[(op, impl)]:.3f})" for impl in impls[op]]
                 say(f"moe {op} {name} {routing} W={W} M={W * m}: " + ", ".join(parts) +
                     ("" if ok else f"  CHECK FAILED (rel err {err:.2e})"))
                 if out_f:
                     out_f.write(json.dumps(dict(op=op, model=name, routing=routing, world=W, tokens=W * m,
                                                 ms={impl: times[(op, impl)] for impl in impls[op]},
+                                                host_ms={impl: host[(op, impl)] for impl in impls[op]},
                                                 rel_err=err, ok=ok)) + "\n")
     if out_f:
         out_f.close()
     flux_shmem.finalize()
     return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def host_ms(fn, sync, calls: int = 10) -> float:
+    """The host's time per call of `fn` (ms) with the device kept busy (a long GPU sleep queued first), so the host
+    never waits for it: beside the device time it tells a host-bound path (host >= device) from a device-bound one,
+    and a call that synchronises shows the sleep."""
+    import time
+
+    import torch
+    from benchmarks.timing import gpu_sleep
+    sync()
+    torch.cuda.synchronize()
+    gpu_sleep(100_000.0)  # 100 ms: longer than `calls` calls of any shape here take to launch
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e3 / calls
 
 
 def _loop(a, w, rr):
