@@ -160,3 +160,20 @@ class _P:
 
     def data_ptr(self) -> int:
         return 4096
+
+
+def test_small_decomposed_gemm_rs_calls_run_cublas_and_the_standalone_reduce_scatter():
+    """GEMMReduceScatter's decomposed calls with the cuBLAS GEMM and M <= the standalone ReduceScatter's rows
+    (PLAIN_RS_ROWS) run cuBLAS into its input buffer and that op; fused calls, our GEMM, larger M, one PE don't."""
+    from types import SimpleNamespace
+    from flux_shmem.kernels import backends
+    from flux_shmem.ops import gemm_rs
+    op = SimpleNamespace(plain_rs=SimpleNamespace(max_rows=gemm_rs.PLAIN_RS_ROWS))
+    cublas, ours = SimpleNamespace(name=backends.CUBLAS), SimpleNamespace(name=backends.OURS)
+    runs = lambda path, backend, m: gemm_rs.GEMMReduceScatter.plain_rs_runs(  # noqa: E731
+        op, SimpleNamespace(path=path, backend=backend), m)
+    assert runs("decomposed", cublas, 64) and runs("decomposed", cublas, gemm_rs.PLAIN_RS_ROWS)
+    assert not runs("decomposed", cublas, gemm_rs.PLAIN_RS_ROWS + 8)
+    assert not runs("fused", cublas, 64) and not runs("decomposed", ours, 64) and not runs("decomposed", None, 64)
+    op.plain_rs = None  # (one PE, or rows of a width the standalone op cannot take)
+    assert not runs("decomposed", cublas, 64)
