@@ -34,7 +34,7 @@ from ..plan.schedules import chunk_step_of_tiles
 from ..runtime import collective, partition, signals, symmetric
 from ..runtime.sm_budget import sm_budget
 from ..runtime.state import get_runtime
-from ._validate import capturing, check_tensor, not_capturing, positive
+from ._validate import check_tensor, not_capturing, positive
 from .all_gather import AllGather
 from .reduce_scatter import ReduceScatter
 
@@ -387,9 +387,10 @@ class AllGatherGroupGEMM(_MoEOp):
         # (each destination's chunks one after another, a few blocks per destination: chunk s of every shard
         # arrives before chunk s + 1)
         per_dest = max(1, self.comm_blocks_beside(ag.comm_blocks) // (W - 1))
+        # (no x.record_stream: the call ends with the current stream waiting for the side stream, so whatever the
+        # caller's stream does with x's memory afterwards follows the side stream's reads; a record_stream'd block
+        # can make a later allocation wait on the host for its event)
         tokens = ag.launch(x, stream=self.comm_stream, wait_all=False, blocks=(W - 1) * per_dest)
-        if not capturing():  # the allocator must not reuse x before the side stream has read it
-            x.record_stream(self.comm_stream)
         ids, weights, scales = self.gather_routing(topk_ids, topk_weights,
                                                    row_scales("scale", scale, m, x.device) if self.fp8 else None)
         if check_ids:
@@ -531,8 +532,6 @@ class GroupGEMMReduceScatter(_MoEOp):
         self.comm_stream.wait_event(past_barrier)
         eng.launch(M, out, src=None, bias=None, stream=self.comm_stream,
                    blocks=self.comm_blocks_beside(eng.comm_blocks), chunk_rows=chunk)
-        main.wait_stream(self.comm_stream)
-        if not capturing():
-            out.record_stream(self.comm_stream)
+        main.wait_stream(self.comm_stream)  # (out is the caller's from here: no record_stream, as in the up op)
         eng.sync.bump(main)
         return out
