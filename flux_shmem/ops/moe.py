@@ -394,7 +394,12 @@ class AllGatherGroupGEMM(_MoEOp):
         ids, weights, scales = self.gather_routing(topk_ids, topk_weights,
                                                    row_scales("scale", scale, m, x.device) if self.fp8 else None)
         if check_ids:
-            pmoe.check_ids(ids, self.num_experts, m)
+            try:
+                pmoe.check_ids(ids, self.num_experts, m)
+            except ValueError:  # (every PE raises alike) the gather ran: end its epoch, or the next call's waits
+                main.wait_stream(self.comm_stream)  # would pass on this call's flags
+                ag.sync.bump(main)
+                raise
         routing = pmoe.route(ids, self.num_experts, weights, shard_tokens=m, chunk_tokens=ag.chunk_rows)
         y = torch.empty((W * m * self.topk, self.inter), dtype=self.out_dtype, device=x.device)
         token_rows = routing.rows

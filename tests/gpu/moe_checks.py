@@ -242,11 +242,17 @@ def _graph_replays(rt, mode):
 @check("moe")
 def moe_bad_ids_raise_on_every_pe(rt):
     """The last PE's router names expert E: every PE raises, naming that PE (the ids are gathered first, so all
-    PEs check the same values), and the ops work again afterwards."""
+    PEs check the same values), and the ops work again afterwards; decomposed and pipelined (whose token gather
+    is already under way when the ids are checked)."""
+    for mode in ("decomposed", "pipelined"):
+        _bad_ids(rt, mode)
+
+
+def _bad_ids(rt, mode):
     W, me, m, experts, topk = rt.world_size, rt.rank, 32, 8, 2
-    ag = flux_shmem.AllGatherGroupGEMM(W * m, 128, 64, experts, topk)
+    ag = flux_shmem.AllGatherGroupGEMM(W * m, 128, 64, experts, topk, mode=mode)
     x = torch.randn(m, 128, device="cuda").to(torch.bfloat16)
-    w1 = torch.randn(experts, 64, 128, device="cuda").to(torch.bfloat16)
+    w1 = (torch.randn(experts, 64, 128, generator=_gen(61), device="cuda") * 0.1).to(torch.bfloat16)
     ids = torch.randint(0, experts, (m, topk), device="cuda")
     bad = ids.clone()
     if me == W - 1:
@@ -257,8 +263,18 @@ def moe_bad_ids_raise_on_every_pe(rt):
         assert f"expert id {experts} at token {(W - 1) * m + 5} slot 1 (PE {W - 1}'s shard row 5)" in str(e), e
     else:
         raise AssertionError("no error for an expert id out of range")
-    y, _ = ag(x, ids, w1)
-    assert torch.isfinite(y.float()).all()
+    # the next call gathers fresh tokens (not the failed call's, still in the buffer): against their product
+    xs = [torch.randn(m, 128, generator=_gen(62 + pe), device="cuda").to(torch.bfloat16) for pe in range(W)]
+    torch.cuda.synchronize()
+    rt.host.barrier()
+    if ag.ag is not None:
+        ag.ag.gather.fill_(float("nan"))
+    torch.cuda.synchronize()
+    rt.host.barrier()
+    y, r = ag(xs[me], ids, w1)
+    ref = torch.einsum("rk,rnk->rn", torch.cat(xs)[r.rows].double(),
+                       w1.double()[r.ids.reshape(-1)[r.perm]])
+    assert rel_err(y, ref) < 1e-2, (mode, rel_err(y, ref))
 
 
 @check("moe")
