@@ -58,9 +58,7 @@ class MoEEngine:
 def _local(engine: MoEEngine, all_ids: Tensor) -> Optional[Tensor]:
     """[M, topk] bool: the slots whose expert is on this PE (expert parallel); None: every one (TP)."""
     up = engine.up
-    if up.parallel != "ep":
-        return None
-    return (all_ids >= up.first_expert) & (all_ids < up.first_expert + up.local_experts)
+    return pmoe.local_slots(all_ids, up.first_expert, up.local_experts) if up.parallel == "ep" else None
 
 
 def _routing(engine: MoEEngine, perm, inverse, offs, all_ids, all_weights) -> pmoe.Routing:
@@ -69,12 +67,6 @@ def _routing(engine: MoEEngine, perm, inverse, offs, all_ids, all_weights) -> pm
         return pmoe.Routing(all_ids, all_weights, perm, inverse, offs, up.num_experts)
     return pmoe.Routing(all_ids, all_weights, perm, inverse, offs, up.num_experts, first_expert=up.first_expert,
                         local_experts=up.local_experts, local=_local(engine, all_ids))
-
-
-def _by_slot(rows: Tensor, inverse: Tensor, local: Optional[Tensor], topk: int) -> Tensor:
-    """[M k, N] grouped rows -> [M, k, N] fp32 per (token, slot), 0 in other PEs' slots (ops.moe.by_slot)."""
-    v = rows.index_select(0, inverse).view(-1, topk, rows.shape[1]).float()
-    return v if local is None else torch.where(local[..., None], v, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -105,7 +97,7 @@ def moe_up_backward(dy: Tensor, w1: Tensor, xs: Tensor, inverse: Tensor, offs: T
     parallel: over this PE's experts, `local` its slots)."""
     e, k = backends.lookup(handle), topk
     dxs = ops.grouped_mm(dy, w1, offs, "kn")                                         # dy @ w1[e]: [R, H]
-    dx_full = _by_slot(dxs, inverse, local, k).sum(1).to(dy.dtype)
+    dx_full = ops.slot_values(dxs, inverse, local, k).sum(1).to(dy.dtype)
     return _scattered(e.down.rs, dx_full), torch._grouped_mm(dy.t(), xs, offs=offs)
 
 
@@ -157,7 +149,7 @@ def moe_down_backward(dout: Tensor, h: Tensor, w2: Tensor, partial: Tensor, perm
     dh = ops.grouped_mm(dpartial, w2, offs, "kn")
     dw2 = torch._grouped_mm(dpartial.t(), h, offs=offs)                              # [E, H, inter]
     dw_rows = (gs.float() * partial.float()).sum(1, keepdim=True)
-    dweights = e.scatter_weights(_by_slot(dw_rows, inverse, local, k).squeeze(-1))
+    dweights = e.scatter_weights(ops.slot_values(dw_rows, inverse, local, k).squeeze(-1))
     return dh, dw2, dweights
 
 

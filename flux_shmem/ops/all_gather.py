@@ -186,6 +186,16 @@ class AllGather:
         load("collectives").kernel("fs_wait_signal").launch(args, 1, 32, stream=stream)
         write_value_async(flag, 0, stream)
 
+    def wait_chunk(self, rows: int, chunk: int, stream) -> None:
+        """Hold `stream` until chunk `chunk` of every PE's shard (shards of `rows` rows) of the running
+        `launch(wait_all=False)` is here, for consumers that are not our GEMMs (those wait per tile themselves).
+        One block, a thread per PE (csrc fs_wait_flags), each wait with the runtime's timeout naming its flag."""
+        W = self.rt.world_size
+        args = abi.WaitFlagsArgs(ctx=signals.ctx(), flags=self.flags.data_ptr(), target=self.sync.epoch.data_ptr(),
+                                 first=chunk, stride=-(-rows // self.chunk_rows), count=W, site=2)
+        load("collectives").kernel("fs_wait_flags").launch(args, 1, max(32, min(1024, -(-W // 32) * 32)),
+                                                           stream=stream)
+
     def check(self, x: torch.Tensor) -> None:
         check_tensor("x", x, dtype=self.dtype, device=self.rt.device)
         if x.shape[1] != self.cols:

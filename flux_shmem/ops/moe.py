@@ -15,7 +15,7 @@ torch's grouped GEMM (`torch._grouped_mm`, CUTLASS grouped kernels on sm90), the
 ReduceScatter. 'pipelined': the same kernels overlapped chunk by chunk. The rows come in blocks (`Routing`: block
 s = the pairs of tokens [s c, (s + 1) c) of every PE's shard, expert by expert), and one grouped GEMM per block
 runs on the current stream while our comm kernels move the other blocks on a side stream: the all-gather sends
-chunk by chunk (`chunk_major`) and block s waits only for chunk s of every shard (`fs_wait_flags`); the down
+chunk by chunk (`chunk_major`) and block s waits only for chunk s of every shard (`AllGather.wait_chunk`); the down
 projection combines block s into its rows of the reduce-scatter's symmetric addend, marks those tiles, and the
 reduce kernel sums each unit once every PE of the node has marked it. The fused grouped kernel (tiles that wait
 only on the chunks they read: `plan.moe.tile_waits`) is the next step of issue 38; mode='fused' says so.
@@ -27,8 +27,6 @@ from typing import Optional
 
 import torch
 
-from ..kernels import abi
-from ..kernels.module import load
 from ..plan import moe as pmoe
 from ..plan.schedules import chunk_step_of_tiles
 from ..runtime import collective, partition, signals, symmetric
@@ -54,11 +52,23 @@ def grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, layout: str
     return torch._grouped_mm(a, b, offs=offs)
 
 
+def slot_values(rows: torch.Tensor, inverse: torch.Tensor, local: Optional[torch.Tensor], topk: int) -> torch.Tensor:
+    """Grouped rows [R, N] -> [len(inverse) / topk, topk, N] fp32, slot i reading row inverse[i]; `local` (bool
+    [.., topk], expert parallel): 0 in the slots whose expert is on another PE (their rows hold garbage, perhaps
+    NaN, so they are replaced, not weighted by 0)."""
+    v = rows.index_select(0, inverse).view(-1, topk, rows.shape[1]).float()
+    return v if local is None else torch.where(local[..., None], v, 0.0)
+
+
 def by_slot(rows: torch.Tensor, routing: pmoe.Routing) -> torch.Tensor:
-    """Grouped rows [M * topk, N] -> [M, topk, N] fp32 by (token, slot); expert parallel: 0 in the slots whose
-    expert is on another PE (their rows hold garbage, perhaps NaN, so they are replaced, not weighted by 0)."""
-    v = rows.index_select(0, routing.inverse).view(routing.tokens, routing.topk, -1).float()
-    return v if routing.local is None else torch.where(routing.local[..., None], v, 0.0)
+    """Grouped rows [M * topk, N] -> [M, topk, N] fp32 by (token, slot) (`slot_values` of the routing)."""
+    return slot_values(rows, routing.inverse, routing.local, routing.topk)
+
+
+def weighted_sum(slots: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[T, topk, N] fp32 slot values, [T, topk] router weights -> [T, N] in `dtype`: the top-k combine, in fp32, in
+    slot order (deterministic: no atomics)."""
+    return torch.einsum("tjn,tj->tn", slots, weights.float()).to(dtype)
 
 
 def row_experts(routing: pmoe.Routing) -> torch.Tensor:
@@ -69,10 +79,9 @@ def row_experts(routing: pmoe.Routing) -> torch.Tensor:
 
 
 def combine(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor) -> torch.Tensor:
-    """Each token's sum over its topk grouped rows, weighted by the router ([M, topk] fp32), in fp32, in slot order
-    (deterministic: no atomics) -> [M, N] in partial's dtype (expert parallel: over the slots of this PE's
-    experts)."""
-    return torch.einsum("tjn,tj->tn", by_slot(partial, routing), weights.float()).to(partial.dtype)
+    """Each token's sum over its topk grouped rows, weighted by the router ([M, topk]) -> [M, N] in partial's dtype
+    (`weighted_sum`; expert parallel: over the slots of this PE's experts)."""
+    return weighted_sum(by_slot(partial, routing), weights, partial.dtype)
 
 
 def combine_block(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.Tensor, block: int) -> torch.Tensor:
@@ -82,17 +91,9 @@ def combine_block(partial: torch.Tensor, routing: pmoe.Routing, weights: torch.T
     m, k = routing.shard_tokens, routing.topk
     world = routing.tokens // m
     idx = routing.inverse.view(world, m, k)[:, t0:t1].reshape(-1) - lo
-    by_slot = partial.index_select(0, idx).view(world, t1 - t0, k, -1).float()
-    return torch.einsum("ptjn,ptj->ptn", by_slot, weights.view(world, m, k)[:, t0:t1].float()).to(partial.dtype)
-
-
-def wait_flags(flags: torch.Tensor, first: int, stride: int, count: int, target: torch.Tensor, stream) -> None:
-    """Hold `stream` until flags[first + i * stride] >= target[0] for every i < count (csrc fs_wait_flags: the
-    runtime's timeout, reporting the flag)."""
-    args = abi.WaitFlagsArgs(ctx=signals.ctx(), flags=flags.data_ptr(), target=target.data_ptr(), first=first,
-                             stride=stride, count=count, site=2)
-    load("collectives").kernel("fs_wait_flags").launch(args, 1, max(32, min(1024, -(-count // 32) * 32)),
-                                                       stream=stream)
+    out = weighted_sum(slot_values(partial, idx, None, k), weights.view(world, m, k)[:, t0:t1].reshape(-1, k),
+                       partial.dtype)
+    return out.view(world, t1 - t0, -1)
 
 
 def _check_choice(name: str, v, allowed) -> None:
@@ -382,7 +383,6 @@ class AllGatherGroupGEMM(_MoEOp):
         signals.check_errors()
         rt, ag, main = self.rt, self.ag, torch.cuda.current_stream()
         W, m = rt.world_size, x.shape[0]
-        chunks = -(-m // ag.chunk_rows)
         self.comm_stream.wait_stream(main)
         # (each destination's chunks one after another, a few blocks per destination: chunk s of every shard
         # arrives before chunk s + 1)
@@ -404,7 +404,7 @@ class AllGatherGroupGEMM(_MoEOp):
         y = torch.empty((W * m * self.topk, self.inter), dtype=self.out_dtype, device=x.device)
         token_rows = routing.rows
         for s, (lo, hi, _, _) in enumerate(routing.blocks()):  # (block s: chunk s of every shard)
-            wait_flags(ag.flags, s, chunks, W, ag.sync.epoch, main)
+            ag.wait_chunk(m, s, main)
             rows = tokens.index_select(0, token_rows[lo:hi])
             y[lo:hi] = self.product(rows, w, routing.block_offs(s),
                                     None if scales is None else scales.index_select(0, token_rows[lo:hi]),
@@ -447,6 +447,12 @@ class GroupGEMMReduceScatter(_MoEOp):
                     "each block's rows once every PE has written them")
         return ("decomposed: torch's grouped GEMM, the top-k combine in fp32, then our ReduceScatter (the fused "
                 "grouped kernel is issue 38's next step)")
+
+    @property
+    def adds_bias(self) -> bool:
+        """Whether this PE adds the experts' biases to its partial products: the sum over PEs must hold each once
+        (TP: PE 0 adds them all; EP: every PE its own experts')."""
+        return self.rt.rank == 0 or self.parallel == "ep"
 
     def marks(self, rows: int, seg_rows: int, chunk_rows: int) -> list[torch.Tensor]:
         """Per block of a blocked routing: the reduce-scatter addend's M-tiles (int64, device) complete once the
@@ -498,8 +504,7 @@ class GroupGEMMReduceScatter(_MoEOp):
         if self.pipelined():
             return self._pipelined(h, w, routing, weights.float().contiguous(), rows_scale, w_scale, bias)
         partial = self.grouped(h, w, routing, rows_scale, w_scale, self.hidden)
-        # (the sum over PEs must hold each expert's bias once: TP, one PE adds them; EP, each PE its own experts')
-        if bias is not None and (rt.rank == 0 or self.parallel == "ep"):
+        if bias is not None and self.adds_bias:
             partial += bias.index_select(0, row_experts(routing))
         out = combine(partial, routing, weights)
         return self.rs(out) if self.rs is not None else out
@@ -526,7 +531,7 @@ class GroupGEMMReduceScatter(_MoEOp):
         for s, (lo, hi, t0, t1) in enumerate(routing.blocks()):
             partial = self.product(h[lo:hi], w, routing.block_offs(s),
                                    None if rows_scale is None else rows_scale[lo:hi], w_scale, self.hidden)
-            if bias is not None and rt.rank == 0:  # (once over the PEs, as in the decomposed path)
+            if bias is not None and self.adds_bias:
                 partial += bias.index_select(0, expert_of_row[lo:hi])
             if routing.blocked:
                 addend[:, t0:t1].copy_(combine_block(partial, routing, weights, s))

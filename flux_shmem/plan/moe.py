@@ -131,13 +131,18 @@ def route(ids: torch.Tensor, num_experts: int, weights: Optional[torch.Tensor] =
                    chunk_tokens if blocks > 1 else 0)
 
 
+def local_slots(ids: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """Bool, ids' shape: the slots whose expert is in [first, first + count) (this PE's, expert parallel)."""
+    return (ids >= first) & (ids < first + count)
+
+
 def route_local(ids: torch.Tensor, num_experts: int, first: int, count: int,
                 weights: Optional[torch.Tensor] = None) -> Routing:
     """The expert-parallel layout of `ids`: the pairs whose expert is in [first, first + count) (this PE's),
     expert by expert, token order inside an expert, then every other pair (ids outside [0, num_experts) among
     them: not checked here, see `check_ids`); offs [count]. Torch ops only, no host synchronisation."""
     flat = ids.reshape(-1).to(torch.int64)
-    local = (flat >= first) & (flat < first + count)
+    local = local_slots(flat, first, count)
     key = torch.where(local, flat - first, count)
     sorted_keys, perm = torch.sort(key, stable=True)
     inverse = torch.empty_like(perm)
